@@ -1,0 +1,1 @@
+"""Entry points: ``train`` (the Hydra app behind ``python train.py``)."""

@@ -1,0 +1,182 @@
+"""Config checks that run before any work and fail in one line naming the key and the allowed values.
+
+Hydra itself rejects unknown keys (struct mode); these add what Hydra cannot know: the registered methods and
+datasets, the privacy parameters' ranges, and which methods need a dataset with public data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from dpsyn.paths import CONF_DIR
+
+
+class ConfigError(ValueError):
+    """A configuration mistake; ``str(err)`` is the one line the user sees."""
+
+
+GROUPS = ("method", "dataset", "privacy", "metrics", "trainer", "logger", "paths")
+
+
+def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
+    """The config files of a group (``conf/<group>/*.yaml``), by name."""
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+
+
+def datasets_with_public(conf_dir: Path = CONF_DIR) -> list[str]:
+    """Datasets whose config names a public source."""
+    return [d for d in group_options("dataset", conf_dir) if OmegaConf.load(conf_dir / "dataset" / f"{d}.yaml").get("public")]
+
+
+def check_eps(value: Any) -> float:
+    """``eps`` must be a number > 0 (``inf`` for non-private)."""
+    try:
+        eps = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"eps={value!r}: must be a number > 0, or inf for a non-private run") from None
+    if not eps > 0 or math.isnan(eps):
+        raise ConfigError(f"eps={value}: must be > 0 (e.g. 0.1, 1, 10), or inf for a non-private run")
+    return eps
+
+
+def check_delta(value: Any, n_private: int | None = None) -> float:
+    """``privacy.delta`` must lie in (0, 1) and, once the private set is known, in (0, 1/n)."""
+    try:
+        delta = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"privacy.delta={value!r}: must be a number in (0, 1/n_private)") from None
+    upper = 1.0 if n_private is None else 1.0 / n_private
+    if not 0 < delta < upper:
+        bound = "1" if n_private is None else f"1/n = {upper:.3g} (n = {n_private} private examples)"
+        raise ConfigError(f"privacy.delta={value}: must lie in (0, {bound})")
+    return delta
+
+
+def check_composed(cfg: Any) -> None:
+    """Checks on a composed config (single run or one job of a sweep)."""
+    from dpsyn.data import DATASETS
+    from dpsyn.methods import METHODS
+    from dpsyn.privacy import ACCOUNTANTS
+
+    if cfg.method.name not in METHODS:
+        raise ConfigError(f"method={cfg.method.name}: unknown method; allowed: {', '.join(METHODS.names())}")
+    if cfg.dataset.name not in DATASETS:
+        raise ConfigError(f"dataset={cfg.dataset.name}: unknown dataset; allowed: {', '.join(DATASETS.names())}")
+    check_eps(cfg.eps)
+    check_delta(cfg.privacy.delta)
+    if cfg.privacy.accountant not in ACCOUNTANTS:
+        raise ConfigError(
+            f"privacy.accountant={cfg.privacy.accountant}: unknown accountant; allowed: {', '.join(ACCOUNTANTS)}"
+        )
+    method_cls = METHODS.get(cfg.method.name)
+    if method_cls.needs_public and not cfg.dataset.get("public"):
+        raise ConfigError(
+            f"dataset={cfg.dataset.name}: method {cfg.method.name} needs public data and this dataset has none; "
+            f"allowed: {', '.join(datasets_with_public())}"
+        )
+    if cfg.dataset.kind not in method_cls.kinds:
+        allowed = [d for d in group_options("dataset") if OmegaConf.load(CONF_DIR / "dataset" / f"{d}.yaml").kind in method_cls.kinds]
+        raise ConfigError(
+            f"dataset={cfg.dataset.name}: method {cfg.method.name} supports {'/'.join(method_cls.kinds)} data "
+            f"only; allowed: {', '.join(allowed)}"
+        )
+
+
+def _values(override: Any) -> list[Any]:
+    """All values an override takes (one, or each of a sweep)."""
+    if override.is_sweep_override():
+        if override.is_discrete_sweep():
+            return list(override.sweep_iterator())
+        raise ConfigError(f"{override.key_or_group}: range/interval sweeps are not supported here; list the values")
+    return [override.value()]
+
+
+def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
+    """Check the command line before Hydra starts any job (so a sweep fails before its first run).
+
+    Every combination of the swept ``method`` and ``dataset`` values is composed and checked; other swept keys are
+    checked value by value.
+
+    Raises:
+        ConfigError: the first mistake found, as one line.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    args = _override_args(argv)
+    try:
+        overrides = OverridesParser.create().parse_overrides(args)
+    except HydraException as e:  # a malformed override: let Hydra print its own message
+        raise ConfigError(str(e).splitlines()[0]) from None
+
+    combos: dict[str, list[Any]] = {}
+    fixed: list[str] = []
+    for o, text in zip(overrides, args):
+        key = o.key_or_group
+        if key.startswith("hydra") or (o.package is not None and o.package.startswith("hydra")):
+            continue
+        values = _values(o)
+        if key in GROUPS:
+            allowed = group_options(key, conf_dir)
+            for v in values:
+                if str(v) not in allowed:
+                    raise ConfigError(f"{key}={v}: unknown {key}; allowed: {', '.join(allowed)}")
+        if key == "eps":
+            for v in values:
+                check_eps(v)
+        if key == "privacy.delta":
+            for v in values:
+                check_delta(v)
+        if key in ("method", "dataset"):
+            combos[key] = values
+        elif o.is_sweep_override():
+            fixed.append(f"{key}={values[0]}")
+        else:
+            fixed.append(text)
+
+    GlobalHydra.instance().clear()
+    names = list(combos)
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        for choice in itertools.product(*(combos[k] for k in names)):
+            extra = [f"{k}={v}" for k, v in zip(names, choice)]
+            try:
+                cfg = compose(config_name="train", overrides=fixed + extra)
+            except HydraException as e:
+                raise ConfigError(_first_line(e)) from None
+            check_composed(cfg)
+    GlobalHydra.instance().clear()
+
+
+# Hydra flags that take the next argument as their value (``--cfg job``, ``-cn other``)
+_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
+                "-cd", "--experimental-rerun", "--info", "-i"}
+
+
+def _override_args(argv: Sequence[str]) -> list[str]:
+    """The overrides of a Hydra command line, without its flags and their values."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            # --info / -i take an optional value; an override always contains "="
+            if "=" not in a:
+                continue
+        if a.startswith("-"):
+            skip = a in _VALUE_FLAGS
+            continue
+        out.append(a)
+    return out
+
+
+def _first_line(err: Exception) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return " ".join(lines[:2]) if lines else type(err).__name__
+

@@ -1,0 +1,223 @@
+"""``python train.py``: one run (or, with ``-m``, a sweep) of method x dataset x eps x seed.
+
+A run: check the config, load the data, fit the method under its budget (every release in the ledger), refuse to
+write a result if the ledger exceeds the target, sample, score, write the run directory atomically (result.json
+last), print a summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from dpsyn.cli.config_check import ConfigError, check_composed, check_delta, preflight
+from dpsyn.paths import CONF_DIR, REPO_DIR
+
+log = logging.getLogger("dpsyn")
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_DIR, capture_output=True, text=True, timeout=5, check=True
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("dpsyn", "torch", "torchvision", "opacus", "lightning", "hydra-core", "numpy"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _make_logger(cfg: DictConfig) -> Any:
+    if cfg.logger.get("_target_") is None:
+        return None
+    return hydra.utils.instantiate(cfg.logger)
+
+
+def _family_loader(cfg: DictConfig):
+    from dpsyn.data import load_dataset
+
+    def load(family: str) -> Any:
+        fam_cfg = OmegaConf.load(CONF_DIR / "dataset" / f"{family}.yaml")
+        return load_dataset(fam_cfg, seed=0, data_dir=cfg.paths.data_dir)
+
+    return load
+
+
+def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Execute one run and write its outputs into ``run_dir``; return the result record.
+
+    Raises:
+        ConfigError: a configuration mistake (found before any training).
+        dpsyn.privacy.BudgetExceededError: the ledger exceeds the target; nothing is written but privacy.json.
+    """
+    from dpsyn.data import load_dataset
+    from dpsyn.methods import METHODS, PrivacyBudget, RunContext
+    from dpsyn.metrics import evaluate
+    from dpsyn.privacy import PrivacyLedger
+    from dpsyn.results.grid import save_sample_grid
+    from dpsyn.results.io import atomic_save_npz, atomic_write_json, atomic_write_text
+
+    t_start = time.perf_counter()
+    check_composed(cfg)
+    data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir)
+    eps = float(cfg.eps)
+    delta = check_delta(cfg.privacy.delta, n_private=len(data.private))
+    method_cls = METHODS.get(cfg.method.name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+
+    logger = _make_logger(cfg)
+    trainer_cfg = {k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items() if v is not None}
+    ctx = RunContext(
+        seed=int(cfg.seed),
+        deterministic_noise=bool(cfg.privacy.deterministic_noise),
+        accountant=str(cfg.privacy.accountant),
+        kind=data.kind,
+        shape=data.shape,
+        num_classes=data.num_classes,
+        classes=list(data.classes),
+        trainer=trainer_cfg,
+        logger=logger,
+        run_dir=run_dir,
+    )
+    method = method_cls(cfg.method, ctx)
+    budget = PrivacyBudget(epsilon=eps, delta=delta)
+    ledger = PrivacyLedger(target_epsilon=eps, delta=delta)
+    try:
+        if logger is not None:
+            logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        t0 = time.perf_counter()
+        try:
+            method.fit(data.private, budget, ledger, public=data.public)
+        finally:
+            ledger.save(run_dir / "privacy.json")  # whatever was spent is on disk, even after a crash
+        fit_s = time.perf_counter() - t0
+        spent = ledger.epsilon(delta)
+        if not method_cls.reference:
+            ledger.check_within_budget()  # no result row for a run over its target
+
+        t0 = time.perf_counter()
+        samples = method.sample(int(cfg.metrics.n_samples))
+        sample_s = time.perf_counter() - t0
+        atomic_save_npz(run_dir / "samples.npz", x=samples.x, y=samples.y if samples.y is not None else [])
+        if data.kind == "image":
+            save_sample_grid(
+                run_dir / "samples.png",
+                samples.x,
+                samples.y,
+                data.classes,
+                title=f"{cfg.method.name} on {cfg.dataset.name}, eps={eps:g} (spent {spent:.3g})",
+            )
+        metrics, metric_s = evaluate(
+            samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir, seed=int(cfg.seed), load_family=_family_loader(cfg)
+        )
+        if logger is not None:
+            logger.log_metrics({f"final/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+        result = {
+            "method": cfg.method.name,
+            "dataset": cfg.dataset.name,
+            "eps": eps,
+            "delta": delta,
+            "seed": int(cfg.seed),
+            "epsilon_spent": spent,
+            "non_private_reference": bool(method_cls.reference),
+            "accountant": ledger.accountant_description(),
+            "privacy_events": ledger.to_dict()["events"],
+            "deterministic_noise": bool(cfg.privacy.deterministic_noise),
+            "metrics": metrics,
+            "n_private": len(data.private),
+            "n_samples": len(samples),
+            "sample_provenance": samples.provenance,
+            "data": data.info,
+            "timings": {"fit_s": fit_s, "sample_s": sample_s, **{f"metric_{k}_s": v for k, v in metric_s.items()}},
+            "git_sha": _git_sha(),
+            "versions": _versions(),
+            "run_dir": str(run_dir),
+            "overrides": list(_task_overrides()),
+        }
+        result["timings"]["total_s"] = time.perf_counter() - t_start
+        atomic_write_json(run_dir / "result.json", result)  # last: its presence means the run is complete
+        if logger is not None:
+            logger.finalize("success")
+        return result
+    finally:
+        if logger is not None and cfg.logger._target_.endswith("WandbLogger"):
+            import wandb
+
+            wandb.finish()
+
+
+def _task_overrides() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return []
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """The few lines the CLI prints at the end of a run."""
+    eps_t, spent = result["eps"], result["epsilon_spent"]
+    lines = [f"dpsyn: {result['method']} on {result['dataset']}, seed {result['seed']}"]
+    if result["non_private_reference"]:
+        lines.append("  privacy : non-private reference (epsilon spent = inf)")
+    elif math.isinf(eps_t):
+        lines.append("  privacy : non-private run (eps=inf, no noise)")
+    else:
+        lines.append(f"  privacy : epsilon spent {spent:.4f} <= target {eps_t:g} at delta {result['delta']:g}")
+        lines.append(f"  accountant: {result['accountant']}")
+    width = max([len(k) for k in result["metrics"]] + [6])
+    for k, v in result["metrics"].items():
+        lines.append(f"  {k:<{width}} : {v:.4f}" if isinstance(v, float) else f"  {k:<{width}} : {v}")
+    lines.append(f"  time    : {result['timings']['total_s']:.1f}s")
+    lines.append(f"  outputs : {result['run_dir']}")
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+def _hydra_main(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        result = run(cfg, run_dir)
+    except ConfigError as e:
+        print(f"dpsyn: config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(format_summary(result))
+    return result["metrics"].get("acc")
+
+
+def main() -> None:
+    """Console entry point: check the command line, then hand over to Hydra."""
+    try:
+        preflight(sys.argv[1:])
+    except ConfigError as e:
+        print(f"dpsyn: config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""LightningModules for the methods and metrics that have an SGD loop."""

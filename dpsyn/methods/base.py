@@ -1,0 +1,104 @@
+"""The Method interface every algorithm implements, and the objects it exchanges with the run.
+
+``fit(private, budget, ledger, public=None)`` spends at most ``budget`` and records every release in ``ledger``;
+``sample(n, labels=None)`` is post-processing and returns :class:`Samples`.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dpsyn.data.base import Split
+from dpsyn.privacy import PrivacyLedger
+from dpsyn.registry import Registry
+
+METHODS: Registry = Registry("method")
+
+
+@dataclass(frozen=True)
+class PrivacyBudget:
+    """The target (epsilon, delta); ``epsilon = inf`` means a non-private run."""
+
+    epsilon: float
+    delta: float
+
+    @property
+    def private(self) -> bool:
+        return math.isfinite(self.epsilon)
+
+
+@dataclass
+class Samples:
+    """Synthetic data: images float32 in [0, 1] NCHW (or table rows), labels, and where they came from."""
+
+    x: np.ndarray
+    y: np.ndarray | None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+@dataclass
+class RunContext:
+    """What a method needs to know about the run besides its own hyperparameters.
+
+    Attributes:
+        seed: the run seed (initialisation, latent draws); never seeds DP noise.
+        deterministic_noise: seed DP noise from ``seed`` (tests only; such a run is not private).
+        accountant: DP-SGD accountant name ("rdp" or "prv").
+        kind, shape, num_classes, classes: the dataset's.
+        trainer: Lightning Trainer keyword arguments (from ``conf/trainer``).
+        logger: a Lightning logger or None.
+        run_dir: the run directory (checkpoints go here).
+    """
+
+    seed: int
+    deterministic_noise: bool
+    accountant: str
+    kind: str
+    shape: tuple[int, ...]
+    num_classes: int
+    classes: list[str]
+    trainer: dict[str, Any] = field(default_factory=dict)
+    logger: Any = None
+    run_dir: Path | None = None
+
+
+class Method(ABC):
+    """Base class of every registered method.
+
+    Class attributes:
+        needs_public: the method uses public data; datasets without it are refused before any work.
+        kinds: dataset kinds the method supports.
+        reference: a non-private reference (``real``, ``gan``): its result is written whatever the target eps,
+            flagged ``non_private_reference`` with epsilon spent = inf.
+    """
+
+    needs_public: ClassVar[bool] = False
+    kinds: ClassVar[tuple[str, ...]] = ("image", "table")
+    reference: ClassVar[bool] = False
+
+    def __init__(self, cfg: Any, ctx: RunContext) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+
+    @abstractmethod
+    def fit(
+        self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
+    ) -> None:
+        """Train on ``private`` under ``budget``, recording every release in ``ledger``."""
+
+    @abstractmethod
+    def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
+        """Generate ``n`` samples (with the given labels, or labels drawn by the method)."""
+
+    def uniform_labels(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Labels spread evenly over the classes (a public choice: the private class proportions are not used)."""
+        return rng.permutation(np.arange(n) % self.ctx.num_classes).astype(np.int64)

@@ -1,0 +1,74 @@
+"""Class-conditional DCGAN generator and discriminator for small images (28x28 or 32x32).
+
+The discriminator is what DP-SGD trains, so it has no BatchNorm (per-sample gradients need per-sample
+independence); the class condition enters as one-hot channel maps, which adds no parameters and is supported by
+every Opacus grad sampler. The generator is post-processing of the discriminator's DP outputs and may use BatchNorm.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class CondDCGANGenerator(nn.Module):
+    """G(z, y): a linear layer to a (4*ngf, s, s) map (s = resolution / 4), then two stride-2 transposed convs.
+
+    Args:
+        z_dim: latent dimension.
+        num_classes: number of classes (the label is fed one-hot).
+        channels: image channels.
+        resolution: image side; must be divisible by 4.
+        ngf: width multiplier.
+    """
+
+    def __init__(self, *, z_dim: int, num_classes: int, channels: int, resolution: int, ngf: int = 32) -> None:
+        super().__init__()
+        if resolution % 4:
+            raise ValueError(f"resolution must be divisible by 4, got {resolution}")
+        self.z_dim, self.num_classes, self.start = z_dim, num_classes, resolution // 4
+        self.fc = nn.Sequential(
+            nn.Linear(z_dim + num_classes, 2 * ngf * self.start * self.start),
+            nn.BatchNorm1d(2 * ngf * self.start * self.start),
+            nn.ReLU(True),
+        )
+        self.net = nn.Sequential(
+            nn.ConvTranspose2d(2 * ngf, ngf, 4, 2, 1),
+            nn.BatchNorm2d(ngf),
+            nn.ReLU(True),
+            nn.ConvTranspose2d(ngf, channels, 4, 2, 1),
+            nn.Sigmoid(),  # images live in [0, 1]
+        )
+        self.ngf = ngf
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.fc(torch.cat([z, F.one_hot(y, self.num_classes).to(z.dtype)], dim=1))
+        return self.net(h.view(len(z), 2 * self.ngf, self.start, self.start))
+
+
+class CondDCGANDiscriminator(nn.Module):
+    """D(x, y) -> logit: two stride-2 convs with LeakyReLU, then a linear layer; no normalisation layers.
+
+    Args:
+        num_classes: number of classes (one-hot label maps are concatenated to the image channels).
+        channels: image channels.
+        resolution: image side; must be divisible by 4.
+        ndf: width multiplier.
+    """
+
+    def __init__(self, *, num_classes: int, channels: int, resolution: int, ndf: int = 32) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.net = nn.Sequential(
+            nn.Conv2d(channels + num_classes, ndf, 4, 2, 1),
+            nn.LeakyReLU(0.2),
+            nn.Conv2d(ndf, 2 * ndf, 4, 2, 1),
+            nn.LeakyReLU(0.2),
+            nn.Flatten(),
+            nn.Linear(2 * ndf * (resolution // 4) ** 2, 1),
+        )
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        maps = F.one_hot(y, self.num_classes).to(x.dtype)[:, :, None, None].expand(-1, -1, *x.shape[2:])
+        return self.net(torch.cat([x, maps], dim=1)).squeeze(1)

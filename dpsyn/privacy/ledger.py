@@ -1,0 +1,573 @@
+"""The privacy ledger: every release a run makes, as an event, and their composition into one epsilon.
+
+A method records each release with :meth:`PrivacyLedger.add`; the run asks :meth:`PrivacyLedger.epsilon` what was
+spent, refuses to write a result that overspends (:meth:`PrivacyLedger.check_within_budget`), and saves the ledger
+as ``privacy.json`` in the run directory, so that an interrupted run resumes with the ledger restored.
+
+Event kinds (each a dataclass with a ``kind`` and its parameters, JSON-serialisable):
+
+* :class:`GaussianEvent`: ``count`` adaptive sensitivity-1 Gaussian releases with noise multiplier ``nm``
+  (``mu``-GDP with ``mu = sqrt(count)/nm``).
+* :class:`SampledGaussianEvent`: a DP-SGD run (Poisson-subsampled Gaussian), its steps growing as training goes.
+* :class:`ApproxDPEvent`: a mechanism already calibrated to ``(epsilon, delta)`` (classic Gaussian, Laplace, ...).
+* :class:`NonPrivateEvent`: a release without DP (epsilon = inf).
+
+Composition in :meth:`PrivacyLedger.epsilon` (the simplest exact-enough rule that applies):
+
+1. any non-private event: ``inf``;
+2. approximate-DP events compose by basic composition: their epsilons add and their deltas are taken from the
+   delta available to the other events;
+3. the other events: only Gaussian events -> exact GDP; a single DP-SGD event -> its own accountant (rdp/prv);
+   otherwise RDP composition at dpsyn's orders (:func:`dpsyn.privacy.dpsgd.rdp_orders`): Opacus's sampled
+   Gaussian RDP for DP-SGD, ``count * alpha/(2 nm^2)`` for Gaussian events, converted with Opacus's
+   ``get_privacy_spent``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dpsyn.privacy.dpsgd import (
+    ACCOUNTANTS,
+    _quiet_opacus,
+    check_accountant,
+    dpsgd_epsilon,
+    opacus_version,
+    rdp_orders,
+    rdp_orders_description,
+)
+from dpsyn.privacy.gaussian import (
+    _check_count,
+    _check_delta,
+    _check_positive,
+    gaussian_rdp,
+    gdp_epsilon_from_mu,
+)
+
+logger = logging.getLogger(__name__)
+
+LEDGER_FORMAT = "dpsyn.privacy_ledger"
+LEDGER_VERSION = 1
+PRIVACY_FILENAME = "privacy.json"
+SAMPLINGS: tuple[str, ...] = ("poisson",)
+"""Sampling schemes the DP-SGD accountants support (both assume Poisson subsampling)."""
+
+_BUDGET_RTOL = 1e-9
+
+
+class BudgetExceededError(RuntimeError):
+    """The ledger's epsilon exceeds its target: the run must stop and write no result."""
+
+
+def _check_label(label: str) -> str:
+    if not isinstance(label, str):
+        raise ValueError(f"label must be a string, got {label!r}")
+    return label
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# events
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class PrivacyEvent:
+    """Base class of ledger events: a ``kind`` (class attribute) and the release's parameters."""
+
+    kind: ClassVar[str] = ""
+    label: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as a JSON-serialisable dict: ``{"kind": ..., <field>: <value>, ...}``."""
+        return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> PrivacyEvent:
+        """Rebuild an event from :meth:`to_dict` output.
+
+        Raises:
+            ValueError: On an unknown kind or unexpected fields.
+        """
+        if not isinstance(data, Mapping) or "kind" not in data:
+            raise ValueError(f"a privacy event must be a mapping with a 'kind', got {data!r}")
+        kind = data["kind"]
+        cls = EVENT_KINDS.get(kind)
+        if cls is None:
+            raise ValueError(f"unknown privacy event kind {kind!r}; known: {', '.join(sorted(EVENT_KINDS))}")
+        params = {k: v for k, v in data.items() if k != "kind"}
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - allowed)
+        if unknown:
+            raise ValueError(f"unexpected fields {unknown} for privacy event kind {kind!r}; allowed: {sorted(allowed)}")
+        return cls(**params)
+
+
+@dataclass(kw_only=True)
+class GaussianEvent(PrivacyEvent):
+    """``count`` adaptive sensitivity-1 Gaussian releases with noise std ``noise_multiplier`` (times sensitivity).
+
+    Attributes:
+        noise_multiplier: Noise std divided by the L2 sensitivity, > 0.
+        count: Number of such releases, >= 0.
+        label: Free text saying what was released.
+    """
+
+    kind: ClassVar[str] = "gaussian"
+    noise_multiplier: float
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        self.noise_multiplier = _check_positive("noise_multiplier", self.noise_multiplier)
+        self.count = _check_count("count", self.count)
+        self.label = _check_label(self.label)
+
+    @property
+    def inverse_variance(self) -> float:
+        """``count / noise_multiplier^2``, i.e. ``mu^2`` of this event."""
+        return self.count / self.noise_multiplier**2
+
+
+@dataclass(kw_only=True)
+class SampledGaussianEvent(PrivacyEvent):
+    """A DP-SGD run: ``steps`` Poisson-subsampled Gaussian steps, accounted by ``accountant``.
+
+    ``steps`` grows in place as training proceeds (:meth:`add_steps` or :meth:`PrivacyLedger.record_steps`).
+
+    Attributes:
+        noise_multiplier: Noise std divided by the clipping norm, > 0.
+        sample_rate: Poisson sampling rate in (0, 1].
+        steps: Optimiser steps taken so far, >= 0.
+        accountant: ``"rdp"`` or ``"prv"`` (always explicit).
+        sampling: The data loader's sampling scheme; only ``"poisson"`` is accounted for.
+        label: Free text saying what was trained.
+    """
+
+    kind: ClassVar[str] = "sampled_gaussian"
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    accountant: str
+    sampling: str = "poisson"
+
+    def __post_init__(self) -> None:
+        self.noise_multiplier = _check_positive("noise_multiplier", self.noise_multiplier)
+        q = _check_positive("sample_rate", self.sample_rate)
+        if q > 1.0:
+            raise ValueError(f"sample_rate must lie in (0, 1], got {self.sample_rate!r}")
+        self.sample_rate = q
+        self.steps = _check_count("steps", self.steps)
+        check_accountant(self.accountant)
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(
+                f"sampling {self.sampling!r} is not accounted for: the DP-SGD accountants assume "
+                f"{', '.join(repr(s) for s in SAMPLINGS)} sampling; use a Poisson data loader"
+            )
+        self.label = _check_label(self.label)
+
+    def add_steps(self, n: int = 1) -> None:
+        """Record ``n`` more optimiser steps.
+
+        Raises:
+            ValueError: If ``n`` is not an integer >= 0.
+        """
+        self.steps += _check_count("n", n)
+
+
+@dataclass(kw_only=True)
+class ApproxDPEvent(PrivacyEvent):
+    """A mechanism already calibrated to ``(epsilon, delta)``-DP (classic Gaussian, Laplace, ...).
+
+    Attributes:
+        epsilon: Its epsilon, finite and >= 0 (a non-private release is a :class:`NonPrivateEvent`).
+        delta: Its delta in [0, 1).
+        label: Free text saying what was released.
+    """
+
+    kind: ClassVar[str] = "approx_dp"
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        e = self.epsilon
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0.0 <= float(e) < math.inf:
+            raise ValueError(f"epsilon must be finite and >= 0 (use NonPrivateEvent for eps = inf), got {e!r}")
+        self.epsilon = float(e)
+        d = self.delta
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0.0 <= float(d) < 1.0:
+            raise ValueError(f"delta must lie in [0, 1), got {d!r}")
+        self.delta = float(d)
+        self.label = _check_label(self.label)
+
+
+@dataclass(kw_only=True)
+class NonPrivateEvent(PrivacyEvent):
+    """A release without differential privacy: the ledger's epsilon becomes ``inf`` ("non-private")."""
+
+    kind: ClassVar[str] = "non_private"
+
+    def __post_init__(self) -> None:
+        self.label = _check_label(self.label)
+
+
+EVENT_KINDS: dict[str, type[PrivacyEvent]] = {
+    cls.kind: cls for cls in (GaussianEvent, SampledGaussianEvent, ApproxDPEvent, NonPrivateEvent)
+}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# JSON helpers: JSON has no infinity, so inf is written as the string "inf"
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _encode_float(x: float | None) -> float | str | None:
+    if x is None:
+        return None
+    return "inf" if math.isinf(x) and x > 0 else float(x)
+
+
+def _decode_float(x: Any) -> float:
+    if x == "inf":
+        return math.inf
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ValueError(f"expected a number or 'inf', got {x!r}")
+    return float(x)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the ledger
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    """How the ledger composes its events (shared by epsilon() and accountant_description())."""
+
+    non_private: bool = False
+    approx: list[ApproxDPEvent] = field(default_factory=list)
+    gaussian: list[GaussianEvent] = field(default_factory=list)
+    sampled: list[SampledGaussianEvent] = field(default_factory=list)
+
+    @property
+    def rest(self) -> str:
+        """Which rule composes the non-approximate events: "none", "gdp", "single", or "rdp"."""
+        if not self.gaussian and not self.sampled:
+            return "none"
+        if not self.sampled:
+            return "gdp"
+        if not self.gaussian and len(self.sampled) == 1:
+            return "single"
+        return "rdp"
+
+
+class PrivacyLedger:
+    """Records every private release of a run and composes them into the epsilon spent.
+
+    Args:
+        target_epsilon: The run's budget, > 0 (``math.inf`` for a non-private run).
+        delta: The run's delta in (0, 1).
+        events: Events to start from (used by :meth:`from_dict`).
+
+    Raises:
+        ValueError: On an invalid target or delta.
+    """
+
+    def __init__(self, *, target_epsilon: float, delta: float, events: Iterable[PrivacyEvent] = ()) -> None:
+        self._target_epsilon = _check_positive("target_epsilon", target_epsilon, allow_inf=True)
+        self._delta = _check_delta("delta", delta)
+        self._events: list[PrivacyEvent] = []
+        for event in events:
+            self.add(event)
+
+    # ---- recording ---------------------------------------------------------------------------------------------
+
+    @property
+    def target_epsilon(self) -> float:
+        """The budget's epsilon (``inf`` for a non-private run)."""
+        return self._target_epsilon
+
+    @property
+    def delta(self) -> float:
+        """The budget's delta."""
+        return self._delta
+
+    @property
+    def events(self) -> tuple[PrivacyEvent, ...]:
+        """The recorded events, in order (the objects themselves; their index is the event id)."""
+        return tuple(self._events)
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def add(self, event: PrivacyEvent) -> int:
+        """Record a release.
+
+        Args:
+            event: One of :class:`GaussianEvent`, :class:`SampledGaussianEvent`, :class:`ApproxDPEvent`,
+                :class:`NonPrivateEvent`.
+
+        Returns:
+            The event id (its index), for :meth:`record_steps`.
+
+        Raises:
+            ValueError: If ``event`` is not a privacy event.
+        """
+        if not isinstance(event, tuple(EVENT_KINDS.values())):
+            raise ValueError(f"not a privacy event: {event!r}; kinds: {', '.join(sorted(EVENT_KINDS))}")
+        self._events.append(event)
+        logger.debug("ledger: recorded %s", event)
+        return len(self._events) - 1
+
+    def record_steps(self, event_id: int, n: int = 1) -> None:
+        """Add ``n`` optimiser steps to the DP-SGD event ``event_id``.
+
+        Raises:
+            ValueError: If ``event_id`` is not the id of a :class:`SampledGaussianEvent`, or ``n`` is invalid.
+        """
+        if isinstance(event_id, bool) or not isinstance(event_id, int) or not 0 <= event_id < len(self._events):
+            raise ValueError(f"no event with id {event_id!r} (the ledger has {len(self._events)} events)")
+        event = self._events[event_id]
+        if not isinstance(event, SampledGaussianEvent):
+            raise ValueError(f"event {event_id} is a {event.kind!r} event, not a DP-SGD ('sampled_gaussian') one")
+        event.add_steps(n)
+
+    # ---- composition -------------------------------------------------------------------------------------------
+
+    def _plan(self) -> _Plan:
+        plan = _Plan()
+        for event in self._events:
+            if isinstance(event, NonPrivateEvent):
+                plan.non_private = True
+            elif isinstance(event, ApproxDPEvent):
+                plan.approx.append(event)
+            elif isinstance(event, GaussianEvent):
+                if event.count > 0:  # an event with nothing released yet spends nothing
+                    plan.gaussian.append(event)
+            elif isinstance(event, SampledGaussianEvent):
+                if event.steps > 0:
+                    plan.sampled.append(event)
+        return plan
+
+    @property
+    def is_private(self) -> bool:
+        """False once a :class:`NonPrivateEvent` has been recorded."""
+        return not self._plan().non_private
+
+    def epsilon(self, delta: float | None = None) -> float:
+        """Compose all events into the epsilon spent at ``delta``.
+
+        Args:
+            delta: Delta in (0, 1); the ledger's own delta by default.
+
+        Returns:
+            Epsilon spent (``inf`` once a non-private release was recorded; 0.0 before any release).
+
+        Raises:
+            ValueError: If the approximate-DP events' deltas leave no delta for the rest (or exceed ``delta``).
+        """
+        delta = self._delta if delta is None else _check_delta("delta", delta)
+        plan = self._plan()
+        if plan.non_private:
+            return math.inf
+        eps_approx = math.fsum(e.epsilon for e in plan.approx)
+        delta_approx = math.fsum(e.delta for e in plan.approx)
+        rest = plan.rest
+        if rest == "none":
+            if delta_approx > delta:
+                raise ValueError(
+                    f"the approximate-DP events use delta {delta_approx:.3g} > the available delta {delta:.3g}"
+                )
+            return eps_approx
+        delta_rest = delta - delta_approx
+        if not delta_rest > 0.0:
+            raise ValueError(
+                f"the approximate-DP events use delta {delta_approx:.3g} of {delta:.3g}: "
+                "no delta is left for the other releases"
+            )
+        return eps_approx + self._epsilon_rest(plan, delta_rest)
+
+    @staticmethod
+    def _epsilon_rest(plan: _Plan, delta: float) -> float:
+        rest = plan.rest
+        if rest == "gdp":
+            mu = math.sqrt(math.fsum(e.inverse_variance for e in plan.gaussian))
+            return gdp_epsilon_from_mu(mu=mu, delta=delta)
+        if rest == "single":
+            e = plan.sampled[0]
+            return dpsgd_epsilon(
+                noise_multiplier=e.noise_multiplier,
+                sample_rate=e.sample_rate,
+                steps=e.steps,
+                delta=delta,
+                accountant=e.accountant,
+            )
+        # Mixed events: RDP composes additively across mechanisms at each order.
+        from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+        orders = rdp_orders()
+        rdp = np.zeros(len(orders))
+        for e in plan.sampled:
+            rdp += np.asarray(
+                compute_rdp(q=e.sample_rate, noise_multiplier=e.noise_multiplier, steps=e.steps, orders=orders)
+            )
+        for g in plan.gaussian:
+            rdp += g.count * gaussian_rdp(noise_multiplier=g.noise_multiplier, orders=orders)
+        with _quiet_opacus():
+            eps, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
+        # The conversion can dip below 0 for delta close to 1; epsilon is never negative.
+        return max(0.0, float(eps))
+
+    def accountant_description(self) -> str:
+        """Which accountant :meth:`epsilon` uses, for result rows.
+
+        E.g. ``"rdp (opacus 1.6.0, orders 1.1-1024), poisson sampling"``, ``"prv (opacus 1.6.0), poisson sampling"``,
+        ``"gdp (exact)"``, ``"non-private"``, with ``" + basic composition of N approx-DP event(s)"`` where needed.
+        """
+        plan = self._plan()
+        if plan.non_private:
+            return "non-private"
+        rest = plan.rest
+        ver = opacus_version()
+        if rest == "none":
+            desc = "none (no releases)" if not plan.approx else ""
+        elif rest == "gdp":
+            desc = "gdp (exact)"
+        elif rest == "single":
+            e = plan.sampled[0]
+            orders = f", {rdp_orders_description()}" if e.accountant == "rdp" else ""
+            desc = f"{e.accountant} (opacus {ver}{orders}), {e.sampling} sampling"
+        else:
+            samplings = sorted({e.sampling for e in plan.sampled})
+            desc = (
+                f"rdp (opacus {ver}, {rdp_orders_description()}) composition of mixed events, "
+                f"{'/'.join(samplings)} sampling"
+            )
+        if plan.approx:
+            basic = f"basic composition of {len(plan.approx)} approx-DP event(s)"
+            desc = f"{desc} + {basic}" if desc else basic
+        return desc
+
+    def check_within_budget(self) -> float:
+        """Raise unless the epsilon spent at the ledger's delta is within the target.
+
+        Returns:
+            The epsilon spent.
+
+        Raises:
+            BudgetExceededError: If ``epsilon(delta) > target_epsilon * (1 + 1e-9)``.
+        """
+        eps = self.epsilon(self._delta)
+        if eps > self._target_epsilon * (1.0 + _BUDGET_RTOL):
+            raise BudgetExceededError(
+                f"privacy budget exceeded: epsilon spent {eps:.6g} > target {self._target_epsilon:.6g} "
+                f"at delta {self._delta:g} ({self.accountant_description()})"
+            )
+        return eps
+
+    # ---- persistence -------------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ledger as a JSON-serialisable dict (``inf`` written as ``"inf"``).
+
+        Keys: format, version, target_epsilon, delta, events, epsilon_spent, accountant, opacus_version (and
+        epsilon_error when the events cannot be composed at the ledger's delta).
+        """
+        out: dict[str, Any] = {
+            "format": LEDGER_FORMAT,
+            "version": LEDGER_VERSION,
+            "target_epsilon": _encode_float(self._target_epsilon),
+            "delta": self._delta,
+            "events": [e.to_dict() for e in self._events],
+        }
+        try:
+            out["epsilon_spent"] = _encode_float(self.epsilon(self._delta))
+        except ValueError as err:  # still saveable, so that a run can be inspected and resumed
+            out["epsilon_spent"] = None
+            out["epsilon_error"] = str(err)
+        out["accountant"] = self.accountant_description()
+        out["opacus_version"] = opacus_version()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PrivacyLedger:
+        """Rebuild a ledger from :meth:`to_dict` output (epsilon is recomputed, not trusted).
+
+        Raises:
+            ValueError: If ``data`` is not a dpsyn privacy ledger of a supported version.
+        """
+        if not isinstance(data, Mapping) or data.get("format") != LEDGER_FORMAT:
+            raise ValueError(f"not a dpsyn privacy ledger (format != {LEDGER_FORMAT!r})")
+        if data.get("version") != LEDGER_VERSION:
+            raise ValueError(f"unsupported privacy ledger version {data.get('version')!r}; expected {LEDGER_VERSION}")
+        events = [PrivacyEvent.from_dict(e) for e in data.get("events", [])]
+        return cls(
+            target_epsilon=_decode_float(data["target_epsilon"]), delta=_decode_float(data["delta"]), events=events
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the ledger as JSON, atomically (temporary file in the same folder, then ``os.replace``).
+
+        Args:
+            path: The file to write, or a directory (then ``privacy.json`` in it).
+
+        Returns:
+            The path written.
+        """
+        path = Path(path)
+        if path.is_dir():
+            path = path / PRIVACY_FILENAME
+        data = self.to_dict()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=2, allow_nan=False)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; a result file should be as readable as its neighbours
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        logger.info("privacy ledger written to %s (epsilon spent %s)", path, data["epsilon_spent"])
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> PrivacyLedger:
+        """Read a ledger written by :meth:`save` (``path`` may be the file or its directory)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / PRIVACY_FILENAME
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+
+    def __repr__(self) -> str:
+        return (
+            f"PrivacyLedger(target_epsilon={self._target_epsilon}, delta={self._delta}, "
+            f"events={len(self._events)})"
+        )
+
+
+__all__ = [
+    "ACCOUNTANTS",
+    "ApproxDPEvent",
+    "BudgetExceededError",
+    "EVENT_KINDS",
+    "GaussianEvent",
+    "NonPrivateEvent",
+    "PrivacyEvent",
+    "PrivacyLedger",
+    "SampledGaussianEvent",
+]

@@ -1,0 +1,117 @@
+"""Every config composes; configuration mistakes fail before any work, in one line naming key and allowed values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import open_dict
+
+from dpsyn.cli.config_check import ConfigError, check_composed, group_options, preflight
+from dpsyn.methods import METHODS
+from dpsyn.methods.base import Method
+from dpsyn.paths import REPO_DIR
+from tests.conftest import compose_cfg
+
+GROUP_CHOICES = [
+    (group, option)
+    for group in ("method", "dataset", "privacy", "metrics", "trainer", "logger", "paths")
+    for option in group_options(group)
+]
+
+
+@pytest.mark.parametrize(("group", "option"), GROUP_CHOICES)
+def test_every_config_composes(group: str, option: str) -> None:
+    cfg = compose_cfg([f"{group}={option}"])
+    assert cfg.method.name in METHODS
+    assert cfg.dataset.name == (option if group == "dataset" else "fmnist")
+    assert "delta" in cfg.privacy and "names" in cfg.metrics
+
+
+def test_every_method_and_dataset_pair_is_checked() -> None:
+    """Each (method, dataset) pair either passes the checks or is refused with a one-line ConfigError."""
+    for m in group_options("method"):
+        for d in group_options("dataset"):
+            cfg = compose_cfg([f"method={m}", f"dataset={d}"])
+            try:
+                check_composed(cfg)
+            except ConfigError as e:
+                assert "\n" not in str(e) and "allowed:" in str(e)
+
+
+def test_config_names_match_registries() -> None:
+    from dpsyn.data import DATASETS
+
+    assert set(group_options("method")) == set(METHODS.names())
+    assert set(group_options("dataset")) <= set(DATASETS.names())
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["method=nope"], "method=nope: unknown method; allowed: dp_gan, real"),
+        (["dataset=cifar100"], "dataset=cifar100: unknown dataset; allowed:"),
+        (["-m", "method=real,nope"], "method=nope"),
+        (["eps=0"], "eps=0"),
+        (["eps=-1"], "must be > 0"),
+        (["-m", "eps=1,0"], "eps=0"),
+        (["privacy.delta=1.5"], "privacy.delta=1.5: must lie in (0, 1)"),
+        (["privacy.accountant=moments"], "privacy.accountant=moments: unknown accountant; allowed: "),
+        (["method=dp_gan", "dataset=breast_cancer"], "supports image data only; allowed:"),
+        (["no_such_key=1"], "no_such_key"),
+    ],
+)
+def test_preflight_rejects_with_one_line(argv: list[str], expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        preflight(argv)
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_preflight_accepts_good_sweeps() -> None:
+    preflight(["-m", "method=dp_gan,real", "dataset=fmnist", "eps=0.1,1,inf", "seed=0,1", "hydra/launcher=basic"])
+    preflight(["--cfg", "job", "eps=3"])
+
+
+def test_method_needing_public_data_is_refused_on_a_dataset_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NeedsPublic(Method):
+        needs_public = True
+
+        def fit(self, *a, **k):  # pragma: no cover - never reached
+            raise AssertionError("no work may start")
+
+        def sample(self, *a, **k):  # pragma: no cover
+            raise AssertionError
+
+    monkeypatch.setitem(METHODS._entries, "needs_public_stub", NeedsPublic)
+    cfg = compose_cfg(["dataset=fmnist"])
+    with open_dict(cfg):
+        cfg.method.name = "needs_public_stub"
+    with pytest.raises(ConfigError, match=r"dataset=fmnist: method needs_public_stub needs public data .*allowed: .*fmnist_shoes"):
+        check_composed(cfg)
+    cfg2 = compose_cfg(["dataset=fmnist_shoes"])
+    with open_dict(cfg2):
+        cfg2.method.name = "needs_public_stub"
+    check_composed(cfg2)  # has public data: accepted
+
+
+def test_delta_is_checked_against_the_private_set_size(make_cfg, tmp_path: Path) -> None:
+    from dpsyn.cli.train import run
+
+    cfg = make_cfg("method=real", "dataset=digits", "privacy.delta=0.01")  # digits: ~1400 private rows
+    with pytest.raises(ConfigError, match=r"privacy.delta=0.01: must lie in \(0, 1/n"):
+        run(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_cli_config_error_is_one_line_and_writes_nothing(cli_env: dict[str, str], tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO_DIR / "train.py"), "method=dp_dree", "eps=1"],
+        capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=300,
+    )
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == ["dpsyn: config error: method=dp_dree: unknown method; allowed: dp_gan, real"]
+    assert not (tmp_path / "outputs").exists()
