@@ -1,0 +1,73 @@
+"""Dataset containers shared by every loader, method and metric.
+
+Images are float32 in [0, 1], NCHW; tables are float32 (N, D). Labels are int64 in 0..num_classes-1 (class
+subsets such as ``fmnist_shoes`` are re-indexed, ``classes`` keeps their names in label order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Split:
+    """One set of examples: ``x`` (N, C, H, W) images or (N, D) rows, ``y`` (N,) int64 labels.
+
+    ``index`` (optional, (N,) int64) gives each row's position in the source file split it was drawn from (e.g. the
+    60k Fashion-MNIST train split), so that disjointness of private and public data, and membership for
+    membership-inference metrics, can be checked without comparing images.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    index: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.x) != len(self.y):
+            raise ValueError(f"x has {len(self.x)} rows but y has {len(self.y)}")
+        if self.index is not None and len(self.index) != len(self.x):
+            raise ValueError(f"index has {len(self.index)} entries but x has {len(self.x)} rows")
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+@dataclass(frozen=True)
+class DataBundle:
+    """What a dataset config resolves to: private data, optional public data, and the evaluation split.
+
+    Attributes:
+        name: the dataset's config name (``fmnist_shoes``).
+        kind: ``"image"`` or ``"table"``.
+        private: the sensitive data a method may only touch through a DP mechanism.
+        eval: held-out real data for metrics only (the test split, restricted to the private classes); never used
+            for training or model selection.
+        public: data a method may use freely, or None.
+        classes: class names in label order.
+        family: which evaluation network / feature space applies (``fmnist`` for every ``fmnist*``).
+        info: provenance (source files, split seed, sizes) recorded in result.json.
+        public_classes: class names of ``public``'s labels in label order (public data keeps its own label space,
+            e.g. all 10 Fashion-MNIST classes while ``private`` holds 3 re-indexed ones), or None.
+    """
+
+    name: str
+    kind: Literal["image", "table"]
+    private: Split
+    eval: Split
+    classes: list[str]
+    family: str
+    public: Split | None = None
+    info: dict = field(default_factory=dict)
+    public_classes: list[str] | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of one example: (C, H, W) or (D,)."""
+        return tuple(self.private.x.shape[1:])
