@@ -40,7 +40,7 @@ bench:
 	$(BIN)/python benchmarks/dpsgd_step.py
 
 reproduce-tables:
-	@echo "reproduce-tables: the table pipeline is not built yet (issue: sweeps, results and make reproduce-tables)"; exit 2
+	$(BIN)/python -m dpsyn.cli.tables reproduce --profile $(PROFILE) $(if $(LAUNCHER),--launcher $(LAUNCHER))
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -17,7 +17,7 @@ from tests.conftest import compose_cfg
 
 GROUP_CHOICES = [
     (group, option)
-    for group in ("method", "dataset", "privacy", "metrics", "trainer", "logger", "paths")
+    for group in ("method", "dataset", "privacy", "metrics", "trainer", "logger", "paths", "experiment")
     for option in group_options(group)
 ]
 

@@ -21,7 +21,7 @@ class ConfigError(ValueError):
     """A configuration mistake; ``str(err)`` is the one line the user sees."""
 
 
-GROUPS = ("method", "dataset", "privacy", "metrics", "trainer", "logger", "paths")
+GROUPS = ("method", "dataset", "privacy", "metrics", "trainer", "logger", "paths", "experiment")
 
 
 def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
@@ -100,24 +100,59 @@ def _values(override: Any) -> list[Any]:
 def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
     """Check the command line before Hydra starts any job (so a sweep fails before its first run).
 
-    Every combination of the swept ``method`` and ``dataset`` values is composed and checked; other swept keys are
-    checked value by value.
+    The sweep is the command line's swept values plus, with ``-m``, those of ``hydra.sweeper.params`` (set by
+    experiment files) that the command line does not override. Every combination of the swept ``method`` and
+    ``dataset`` values is composed and checked; other swept keys are checked value by value.
 
     Raises:
         ConfigError: the first mistake found, as one line.
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     args = _override_args(argv)
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    combos: dict[str, list[Any]] = {}
+    fixed = _check_overrides(args, combos, conf_dir)
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            if multirun:
+                try:
+                    base = compose(config_name="train", overrides=fixed, return_hydra_config=True)
+                except HydraException as e:
+                    raise ConfigError(_first_line(e)) from None
+                params = base.hydra.sweeper.get("params") or {}
+                swept = [f"{k}={v}" for k, v in params.items() if str(k) not in combos and not _overridden(k, fixed)]
+                fixed = fixed + _check_overrides(swept, combos, conf_dir)
+            names = list(combos)
+            for choice in itertools.product(*(combos[k] for k in names)):
+                extra = [f"{k}={v}" for k, v in zip(names, choice)]
+                try:
+                    cfg = compose(config_name="train", overrides=fixed + extra)
+                except HydraException as e:
+                    raise ConfigError(_first_line(e)) from None
+                check_composed(cfg)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _overridden(key: str, overrides: Sequence[str]) -> bool:
+    return any(o.split("=", 1)[0].lstrip("+~") == str(key) for o in overrides)
+
+
+def _check_overrides(args: list[str], combos: dict[str, list[Any]], conf_dir: Path) -> list[str]:
+    """Check override strings value by value; record swept method/dataset in ``combos``; return the others
+    (each sweep replaced by its first value) for composition."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
     try:
         overrides = OverridesParser.create().parse_overrides(args)
-    except HydraException as e:  # a malformed override: let Hydra print its own message
-        raise ConfigError(str(e).splitlines()[0]) from None
-
-    combos: dict[str, list[Any]] = {}
+    except HydraException as e:  # a malformed override
+        raise ConfigError(_first_line(e)) from None
     fixed: list[str] = []
     for o, text in zip(overrides, args):
         key = o.key_or_group
@@ -127,7 +162,7 @@ def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
         if key in GROUPS:
             allowed = group_options(key, conf_dir)
             for v in values:
-                if str(v) not in allowed:
+                if v is not None and str(v) not in allowed:
                     raise ConfigError(f"{key}={v}: unknown {key}; allowed: {', '.join(allowed)}")
         if key == "eps":
             for v in values:
@@ -138,21 +173,10 @@ def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
         if key in ("method", "dataset"):
             combos[key] = values
         elif o.is_sweep_override():
-            fixed.append(f"{key}={values[0]}")
+            fixed.append(f"{text.split('=', 1)[0]}={values[0]}")
         else:
             fixed.append(text)
-
-    GlobalHydra.instance().clear()
-    names = list(combos)
-    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        for choice in itertools.product(*(combos[k] for k in names)):
-            extra = [f"{k}={v}" for k, v in zip(names, choice)]
-            try:
-                cfg = compose(config_name="train", overrides=fixed + extra)
-            except HydraException as e:
-                raise ConfigError(_first_line(e)) from None
-            check_composed(cfg)
-    GlobalHydra.instance().clear()
+    return fixed
 
 
 # Hydra flags that take the next argument as their value (``--cfg job``, ``-cn other``)

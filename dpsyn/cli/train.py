@@ -13,6 +13,7 @@ import platform
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "eps": eps,
             "delta": delta,
             "seed": int(cfg.seed),
+            "experiment": cfg.experiment_name,
+            "profile": cfg.profile,
             "epsilon_spent": spent,
             "non_private_reference": bool(method_cls.reference),
             "accountant": ledger.accountant_description(),
@@ -200,11 +203,21 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if cfg.skip_existing and (run_dir / "result.json").is_file():
+        print(f"dpsyn: {cfg.method.name} on {cfg.dataset.name}, eps={cfg.eps}, seed {cfg.seed}: result found, skipped")
+        return None
     try:
         result = run(cfg, run_dir)
     except ConfigError as e:
         print(f"dpsyn: config error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Exception:
+        # keep the cause beside the (absent) result, so a sweep's failed cells can be reported and re-run
+        from dpsyn.results.io import atomic_write_text
+
+        atomic_write_text(run_dir / "error.txt", traceback.format_exc())
+        raise
+    (run_dir / "error.txt").unlink(missing_ok=True)
     print(format_summary(result))
     return result["metrics"].get("acc")
 

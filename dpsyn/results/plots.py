@@ -1,0 +1,120 @@
+"""Plots rebuilt from runs: privacy-utility curves and sample-grid mosaics (PNG, matplotlib, no torch)."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpsyn.results.io import atomic_write
+from dpsyn.results.tables import Cell, MetricSpec, TableSpec, fmt_col
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    _plt().close(fig)
+    return atomic_write(path, lambda f: f.write(buf.getvalue()))
+
+
+def privacy_utility_plot(
+    spec: TableSpec, metric: MetricSpec, cells: dict[tuple[Any, Any], Cell], path: str | Path
+) -> Path:
+    """Metric vs eps per row (method): log-x, error bars (std over seeds), eps=inf drawn at the right edge, published
+    numbers as hollow markers."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    finite = sorted({c for (_, c) in cells if isinstance(c, float) and math.isfinite(c)}
+                    | {c for p in spec.published for cols in p.values.values() for c in cols if math.isfinite(c)})
+    inf_x = (max(finite) * 10) if finite else 1.0
+    xs_of = lambda c: inf_x if math.isinf(c) else c  # noqa: E731
+    rows = list(dict.fromkeys([r for r, _ in cells]))
+    colors = {r: f"C{i}" for i, r in enumerate(rows + [r for p in spec.published for r in p.values if r not in rows])}
+    for r in rows:
+        pts = sorted((xs_of(c), cell) for (rr, c), cell in cells.items() if rr == r and isinstance(c, float))
+        if not pts:
+            continue
+        # finite eps joined by a line; eps=inf (non-private) a separate point at the right edge
+        for group, label in (([p for p in pts if p[0] != inf_x]), r), (([p for p in pts if p[0] == inf_x]), None):
+            if group:
+                ax.errorbar([p[0] for p in group], [p[1].mean for p in group],
+                            yerr=[0 if math.isnan(p[1].std) else p[1].std for p in group],
+                            marker="o", capsize=3, label=label, color=colors[r])
+    for i, p in enumerate(s for s in spec.published if s.metric == metric.name):
+        for r, cols in p.values.items():
+            pts = sorted((xs_of(c), v * p.scale) for c, v in cols.items())
+            ax.plot([q[0] for q in pts], [q[1] for q in pts], linestyle=":", marker="os^"[i % 3], fillstyle="none",
+                    color=colors.get(r, "k"), label=f"{r} published [{i + 1}]")
+    ax.set_xscale("log")
+    ticks = finite + ([inf_x] if any(isinstance(c, float) and math.isinf(c) for _, c in cells) else [])
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([fmt_col(t) if t != inf_x else "∞" for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel(f"{spec.columns} (target epsilon)")
+    ax.set_ylabel(metric.label or metric.name)
+    arrow = "↑ better" if metric.direction == "max" else "↓ better"
+    ax.set_title(f"{spec.title}\n{metric.name} ({arrow})", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def sample_mosaic(runs: dict[tuple[str, Any], Path], path: str | Path, *, per_cell: int = 4, title: str = "") -> Path:
+    """A grid: one row per method, one column per eps, each cell a per_cell x per_cell tile of that run's samples.
+
+    Args:
+        runs: (method, eps) -> run directory holding ``samples.npz``.
+    """
+    plt = _plt()
+    methods = list(dict.fromkeys(m for m, _ in runs))
+    eps = sorted({e for _, e in runs}, key=lambda e: (isinstance(e, str), e))
+    fig, axes = plt.subplots(len(methods), len(eps), figsize=(1.6 * len(eps) + 1, 1.6 * len(methods) + 0.5),
+                             squeeze=False)
+    for i, m in enumerate(methods):
+        for j, e in enumerate(eps):
+            ax = axes[i][j]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            run = runs.get((m, e))
+            if run is not None and (Path(run) / "samples.npz").exists():
+                with np.load(Path(run) / "samples.npz") as z:
+                    x, y = z["x"], z["y"]
+                ax.imshow(_tile(x, y, per_cell), cmap="gray" if x.shape[1] == 1 else None, vmin=0, vmax=1)
+            else:
+                ax.text(0.5, 0.5, "missing", ha="center", va="center", transform=ax.transAxes, fontsize=7)
+            if i == 0:
+                ax.set_title(f"eps={fmt_col(e)}", fontsize=8)
+            if j == 0:
+                ax.set_ylabel(m, fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _tile(x: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
+    """k x k images, spread over the classes when labels exist, as one HxW(xC) array."""
+    if len(y) == len(x) and len(y):
+        order = np.argsort(y, kind="stable")
+        idx = order[np.linspace(0, len(order) - 1, k * k).astype(int)]
+    else:
+        idx = np.arange(min(len(x), k * k))
+    imgs = np.clip(x[idx], 0, 1)
+    c, h, w = imgs.shape[1:]
+    if len(imgs) < k * k:
+        imgs = np.concatenate([imgs, np.zeros((k * k - len(imgs), c, h, w), imgs.dtype)])
+    grid = imgs.reshape(k, k, c, h, w).transpose(0, 3, 1, 4, 2).reshape(k * h, k * w, c)
+    return grid[..., 0] if c == 1 else grid

@@ -1,0 +1,163 @@
+"""Table builder on synthetic result.json fixtures, experiment configs, resume logic, plots."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from dpsyn.cli import tables as cli_tables
+from dpsyn.results import tables
+from dpsyn.results.io import atomic_save_npz, atomic_write_json
+from dpsyn.paths import REPO_DIR
+
+SPEC = REPO_DIR / "experiments" / "dpimagebench" / "fmnist.yaml"
+
+
+def _result(root: Path, method: str, eps: float, seed: int, acc: float, fd: float = 10.0, dataset: str = "fmnist") -> Path:
+    run = root / method / dataset / f"eps{eps}" / f"seed{seed}"
+    atomic_write_json(run / "result.json", {"method": method, "dataset": dataset, "eps": eps, "seed": seed,
+                                           "metrics": {"acc": acc, "fd_fmnist": fd}})
+    return run
+
+
+@pytest.fixture
+def spec() -> tables.TableSpec:
+    return tables.load_spec(SPEC)
+
+
+def test_cells_mean_std_and_counts(tmp_path: Path, spec: tables.TableSpec) -> None:
+    for seed, acc in enumerate([0.5, 0.6, 0.7]):
+        _result(tmp_path, "dp_gan", 1.0, seed, acc)
+    _result(tmp_path, "dp_gan", math.inf, 0, 0.8)
+    _result(tmp_path, "real", math.inf, 0, 0.9)
+    _result(tmp_path, "dp_gan", 1.0, 0, 0.1, dataset="digits")  # another dataset: not selected
+    acc = spec.metrics[0]
+    cells = tables.build_cells(tables.scan_results(tmp_path), spec, acc)
+    assert cells[("dp_gan", 1.0)].n == 3
+    assert cells[("dp_gan", 1.0)].mean == pytest.approx(60.0)
+    assert cells[("dp_gan", 1.0)].std == pytest.approx(10.0)  # sample std (n-1) of 50, 60, 70
+    assert cells[("real", math.inf)].n == 1 and math.isnan(cells[("real", math.inf)].std)
+
+
+def test_missing_cells_and_published_column(tmp_path: Path, spec: tables.TableSpec) -> None:
+    _result(tmp_path, "dp_gan", 1.0, 0, 0.5)
+    acc = spec.metrics[0]
+    cells = tables.build_cells(tables.scan_results(tmp_path), spec, acc)
+    expected = [("dp_gan", "10"), ("real", "inf"), ("dp_gan", "1")]
+    header, body, notes = tables.table_rows(spec, acc, cells, expected)
+    assert header[:3] == ["method", "eps=1", "eps=1 published[1]"]
+    rows = {r[0]: r for r in body}
+    assert rows["dp_gan"][1] == "50.0 (n=1)"
+    assert rows["dp_gan"][2] == "71.8"  # DPImageBench, eps=1
+    assert rows["dp_gan"][header.index("eps=10")] == tables.MISSING
+    assert rows["real"][header.index("eps=inf")] == tables.MISSING
+    assert any("DPImageBench" in n for n in notes)
+    md = tables.render_markdown(header, body, notes, "t")
+    assert "| dp_gan | 50.0 (n=1) | 71.8 |" in md
+    csv_text = tables.render_csv(spec, acc, cells, expected)
+    assert "dp_gan,1,acc,50,,1,71.8,10.53" in csv_text and "dp_gan,10,acc,,,0,70.3,60.98" in csv_text
+
+
+def test_latex_escapes() -> None:
+    assert tables.latex_escape("fd_fmnist 50% & #1 {x} ~ ^ $ \\") == (
+        r"fd\_fmnist 50\% \& \#1 \{x\} \textasciitilde{} \textasciicircum{} \$ \textbackslash{}"
+    )
+    tex = tables.render_latex(["method", "eps=1"], [["dp_gan", "1.0 ± 0.1 (n=2)"]], ["note_1"], "T_1")
+    assert r"dp\_gan & 1.0 $\pm$ 0.1 (n=2) \\" in tex and r"\caption{T\_1}" in tex and "note\\_1" in tex
+
+
+def test_unreadable_result_is_skipped(tmp_path: Path) -> None:
+    _result(tmp_path, "dp_gan", 1.0, 0, 0.5)
+    bad = tmp_path / "broken" / "result.json"
+    bad.parent.mkdir()
+    bad.write_text('{"method": "dp_gan", "eps": ')  # a truncated file (not written by dpsyn's atomic writer)
+    assert len(tables.scan_results(tmp_path)) == 1
+
+
+def test_plots_are_real_images(tmp_path: Path, spec: tables.TableSpec) -> None:
+    import numpy as np
+
+    from dpsyn.results import plots
+
+    runs = {}
+    for m in ("dp_gan", "real"):
+        for e in (0.1, 1.0, math.inf):
+            for seed in (0, 1):
+                run = _result(tmp_path / "runs", m, e, seed, 0.5 + 0.1 * seed + (0.2 if m == "real" else 0))
+                atomic_save_npz(run / "samples.npz", x=np.random.default_rng(0).random((20, 1, 28, 28)).astype("float32"),
+                                y=np.arange(20) % 10)
+                runs[(m, e)] = run
+    cells = tables.build_cells(tables.scan_results(tmp_path / "runs"), spec, spec.metrics[0])
+    p1 = plots.privacy_utility_plot(spec, spec.metrics[0], cells, tmp_path / "curve.png")
+    runs[("dp_gan", 10.0)] = tmp_path / "nowhere"
+    p2 = plots.sample_mosaic(runs, tmp_path / "mosaic.png", title="t")
+    for p in (p1, p2):
+        with Image.open(p) as im:
+            im.load()
+            assert im.format == "PNG" and im.size[0] > 300 and im.size[1] > 200
+
+
+@pytest.mark.parametrize("profile", cli_tables.PROFILES)
+def test_every_experiment_composes_for_every_profile(profile: str) -> None:
+    for spec_path in cli_tables.specs():
+        spec = tables.load_spec(spec_path)
+        cells = cli_tables.experiment_cells(cli_tables.experiment_for(spec.experiment, profile))
+        assert cells, spec_path
+        dirs = {c.run_dir for c in cells}
+        assert len(dirs) == len(cells), "two cells share a run directory"
+        assert all(profile in str(d) and "${" not in str(d) for d in dirs)
+
+
+def test_cell_status_and_resume_after_a_kill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finished cells (result.json) are found; a killed cell (no result.json) and a failed one (error.txt) are not."""
+    monkeypatch.setenv("DPSYN_OUTPUT_DIR", str(tmp_path))
+    cells = cli_tables.experiment_cells("dpimagebench_fmnist")
+    assert len(cells) == 8 and all(c.status == "missing" for c in cells)
+    done, killed, failed = cells[0], cells[1], cells[2]
+    _result(done.run_dir.parent.parent.parent.parent, "x", 1.0, 0, 0.5)  # unrelated file: does not count
+    atomic_write_json(done.run_dir / "result.json", {"method": "dp_gan"})
+    (killed.run_dir).mkdir(parents=True)
+    (killed.run_dir / "privacy.json").write_text("{}")  # a run killed after training: no result.json
+    (failed.run_dir).mkdir(parents=True)
+    (failed.run_dir / "error.txt").write_text("Traceback ...")
+    assert [c.status for c in cells[:4]] == ["done", "missing", "failed", "missing"]
+    assert cells[0].run_dir.is_relative_to(tmp_path / "experiments" / "dpimagebench_fmnist" / "embedded")
+
+
+def test_reproduce_resumes_and_reruns_only_a_deleted_cell(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end, two cheap cells: the first call runs both, the second trains nothing, a deleted cell alone re-runs."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DPSYN_OUTPUT_DIR": str(tmp_path / "out"), "DPSYN_CACHE_DIR": str(cache_dir)}
+    cmd = [sys.executable, "-m", "dpsyn.cli.tables", "reproduce", "--out", str(tmp_path / "tables"),
+           "trainer=debug", "method=real", "eps=1,inf", "metrics.names=[fd]"]
+
+    def reproduce() -> str:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_DIR, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc.stdout
+
+    first = reproduce()
+    assert "2 cells, 0 found, 2 to run" in first and first.count("dpsyn: real on fmnist, seed 0") == 2
+    second = reproduce()
+    assert "2 cells, 2 found, 0 to run" in second and "dpsyn: real on fmnist" not in second
+    monkeypatch.setenv("DPSYN_OUTPUT_DIR", env["DPSYN_OUTPUT_DIR"])
+    cells = cli_tables.experiment_cells("dpimagebench_fmnist", ["method=real", "eps=1,inf"])
+    assert len(cells) == 2 and all(c.status == "done" for c in cells)
+    import shutil
+
+    shutil.rmtree(cells[0].run_dir)
+    third = reproduce()
+    assert "2 cells, 1 found, 1 to run" in third
+    assert third.count("dpsyn: real on fmnist, seed 0") == 1 and "result found, skipped" in third
+    md = (tmp_path / "tables" / "dpimagebench_fmnist_embedded.md").read_text()
+    assert "| real |" in md
+    with Image.open(tmp_path / "tables" / "dpimagebench_fmnist_embedded_fd_fmnist.png") as im:
+        im.load()
