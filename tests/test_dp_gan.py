@@ -82,7 +82,7 @@ def test_dp_gan_noise_is_not_reproducible_from_the_seed(make_cfg, tmp_path) -> N
 
         m.DPGAN.fit = fit
         try:
-            run(make_cfg("method=dp_gan", "eps=1", "metrics.names=[]", *over), tmp_path / str(len(list(tmp_path.iterdir()))))
+            run(make_cfg("method=dp_gan", "eps=1", "metrics.names.image=[]", *over), tmp_path / str(len(list(tmp_path.iterdir()))))
         finally:
             m.DPGAN.fit = orig_fit
         return captured["w"]

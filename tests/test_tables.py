@@ -137,7 +137,7 @@ def test_reproduce_resumes_and_reruns_only_a_deleted_cell(
 
     env = {**os.environ, "DPSYN_OUTPUT_DIR": str(tmp_path / "out"), "DPSYN_CACHE_DIR": str(cache_dir)}
     cmd = [sys.executable, "-m", "dpsyn.cli.tables", "reproduce", "--out", str(tmp_path / "tables"),
-           "trainer=debug", "method=real", "eps=1,inf", "metrics.names=[fd]"]
+           "trainer=debug", "method=real", "eps=1,inf", "metrics.names.image=[fd]"]
 
     def reproduce() -> str:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_DIR, timeout=600)

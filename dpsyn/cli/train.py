@@ -129,11 +129,13 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 data.classes,
                 title=f"{cfg.method.name} on {cfg.dataset.name}, eps={eps:g} (spent {spent:.3g})",
             )
-        metrics, metric_s = evaluate(
+        metrics, metric_s, metric_info = evaluate(
             samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir, seed=int(cfg.seed), load_family=_family_loader(cfg)
         )
         if logger is not None:
             logger.log_metrics({f"final/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+            if hasattr(logger, "log_image") and (run_dir / "samples.png").exists():
+                logger.log_image(key="samples", images=[str(run_dir / "samples.png")])
         result = {
             "method": cfg.method.name,
             "dataset": cfg.dataset.name,
@@ -148,6 +150,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "privacy_events": ledger.to_dict()["events"],
             "deterministic_noise": bool(cfg.privacy.deterministic_noise),
             "metrics": metrics,
+            "metric_info": metric_info,
             "n_private": len(data.private),
             "n_samples": len(samples),
             "sample_provenance": samples.provenance,

@@ -57,7 +57,9 @@ def load_or_train_evalnet(
     folder = Path(cache_dir) / "evalnet"
     weights, meta = folder / f"{key}.safetensors", folder / f"{key}.json"
     c, h = family_data.shape[0], family_data.shape[1]
-    net = SmallCNN(channels=c, num_classes=family_data.num_classes, resolution=h)
+    with torch.random.fork_rng():  # the initial weights follow `seed`, not the caller's global RNG state
+        torch.manual_seed(seed)
+        net = SmallCNN(channels=c, num_classes=family_data.num_classes, resolution=h)
     if weights.exists() and meta.exists():
         net.load_state_dict(load_file(str(weights)))
         net.eval()

@@ -1,0 +1,56 @@
+"""The metric wiring end to end: every metric of `metrics=full` on a run, re-scoring saved samples, sealed reads."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from dpsyn.cli.config_check import ConfigError
+from dpsyn.cli.evaluate import rescore
+from dpsyn.cli.train import run
+from dpsyn.results.io import read_json
+
+
+@pytest.fixture
+def real_run(make_cfg, tmp_path: Path) -> Path:
+    run(make_cfg("method=real", "dataset=fmnist", "metrics.n_samples=1200"), tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_full_metrics_on_saved_samples(real_run: Path) -> None:
+    before = read_json(real_run / "result.json")
+    assert set(before["metrics"]) >= {"fd_fmnist", "acc"}
+    assert before["metric_info"]["fd_fmnist"]["extractor"] == "evalnet_fmnist"
+    assert before["metric_info"]["acc"]["selection"] == "held-out synthetic split"
+    assert before["metric_info"]["eval_reads"] == [{"reader": before["metric_info"]["eval_reads"][0]["reader"], "n": 10000}]
+
+    after = rescore(real_run, ["metrics=full", "metrics.kid.subsets=5", "metrics.ndb.K=20", "metrics.mia.n_members=300"])
+    m = after["metrics"]
+    for key in ("fd_fmnist", "kid_fmnist", "precision", "recall", "density", "coverage", "is_fmnist", "ndb_k",
+                "ndb_js", "acc", "mia_bb_auc", "mia_bb_eps_lb"):
+        assert key in m and isinstance(m[key], float) and not math.isnan(m[key]), key
+    # real data scored against real data: close manifolds, near-zero distance, high precision and recall
+    assert m["precision"] > 0.6 and m["recall"] > 0.6 and m["fd_fmnist"] < 5
+    assert after["metric_info"]["kid_fmnist"]["subsets"] == 5
+    assert [r["reader"] for r in after["metric_info"]["eval_reads"]] == [
+        after["metric_info"]["eval_reads"][0]["reader"], "metrics.mia_bb"]  # acc and mia_bb: one sealed read each
+    assert after["rescored"][-1]["overrides"][0] == "metrics=full"
+    assert read_json(real_run / "result.json")["metrics"]["ndb_k"] == pytest.approx(m["ndb_k"])
+
+
+def test_rescore_refuses_other_overrides_and_incomplete_runs(real_run: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="only metric settings"):
+        rescore(real_run, ["eps=0.1"])
+    with pytest.raises(ConfigError, match="allowed: default, full"):
+        rescore(real_run, ["metrics=fancy"])
+    (tmp_path / "partial").mkdir()
+    with pytest.raises(ConfigError, match="no config.yaml"):
+        rescore(tmp_path / "partial")
+
+
+def test_unknown_metric_fails_before_any_metric_runs(make_cfg, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown metric 'fidd'"):
+        run(make_cfg("method=real", "metrics.names.image=[fd,fidd]"), tmp_path / "run")
+    assert not (tmp_path / "run" / "result.json").exists()
