@@ -38,6 +38,7 @@ test-full:
 
 bench:
 	$(BIN)/python benchmarks/dpsgd_step.py
+	$(BIN)/python benchmarks/metrics_fidelity.py
 
 reproduce-tables:
 	$(BIN)/python -m dpsyn.cli.tables reproduce --profile $(PROFILE) $(if $(LAUNCHER),--launcher $(LAUNCHER))

@@ -63,3 +63,12 @@ def test_sample_grid_is_a_png_with_one_row_per_class(tmp_path, channels: int) ->
     path2 = save_sample_grid(tmp_path / "six.png", x, np.arange(30) % 6, list("abcdef"), per_class=5)
     with Image.open(path2) as im2:
         assert im2.size[1] > h  # more classes, more rows
+
+
+def test_outputs_get_the_usual_permissions(tmp_path) -> None:
+    old = os.umask(0o022)
+    try:
+        path = io.atomic_write_json(tmp_path / "result.json", {"v": 1})
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644

@@ -21,6 +21,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; outputs get the usual permissions
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -30,6 +31,12 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], None]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _jsonable(obj: Any) -> Any:
