@@ -104,3 +104,47 @@ def test_generator_outputs_images_in_unit_range() -> None:
 )
 def test_planned_steps_follows_lightning_limits(limit, expected) -> None:
     assert planned_steps(epochs=3, batches_per_epoch=469, limit_train_batches=limit) == expected
+
+
+def test_a_crashed_run_resumes_from_its_checkpoint_without_spending_twice(make_cfg, tmp_path, monkeypatch) -> None:
+    """Crash at step 7 of 10 (checkpoint every 3): the re-run resumes at step 6 and the ledger counts 10 steps."""
+    from dpsyn.cli.train import run
+    from dpsyn.lit import gan
+    from dpsyn.privacy import PrivacyLedger, dpsgd_epsilon
+
+    over = ("method=dp_gan", "eps=1", "trainer.limit_train_batches=10", "method.checkpoint_every=3",
+            "metrics.names.image=[]", "metrics.n_samples=50")
+    original = gan.GANModule.training_step
+
+    def crash_at_7(self, batch, idx):
+        if self.dp_steps == 6 and not getattr(self, "_resumed", False):
+            raise RuntimeError("killed")
+        return original(self, batch, idx)
+
+    monkeypatch.setattr(gan.GANModule, "training_step", crash_at_7)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*over), tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    assert not (tmp_path / "run" / "result.json").exists()
+    crashed = PrivacyLedger.load(tmp_path / "run" / "privacy.json")
+    assert crashed.to_dict()["events"][0]["steps"] == 6  # what the crashed run made
+
+    steps_seen = []
+
+    def resumed(self, batch, idx):
+        self._resumed = True
+        steps_seen.append(self.dp_steps)
+        return original(self, batch, idx)
+
+    monkeypatch.setattr(gan.GANModule, "training_step", resumed)
+    result = run(make_cfg(*over), tmp_path / "run")
+    assert steps_seen[0] == 6  # resumed, not restarted
+    (event,) = result["privacy_events"]
+    assert event["steps"] == 10
+    assert result["epsilon_spent"] == pytest.approx(dpsgd_epsilon(
+        noise_multiplier=event["noise_multiplier"], sample_rate=event["sample_rate"], steps=10, delta=1e-5))
+    assert result["epsilon_spent"] <= 1.0
+
+    # a checkpoint made under another calibration is refused
+    with pytest.raises(ValueError, match="was trained with noise multiplier"):
+        run(make_cfg(*over[:1], "eps=2", *over[2:]), tmp_path / "run")

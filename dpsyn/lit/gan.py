@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -132,6 +134,17 @@ class GANModule(L.LightningModule):
             batch_size=max(b, 1),
         )
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # the releases made so far: a resumed run charges them once (they are not re-made, not forgotten)
+        checkpoint["dpsyn"] = {
+            "dp_steps": self.dp_steps,
+            "noise_multiplier": None if self.dp is None else self.dp["noise_multiplier"],
+            "max_steps": None if self.dp is None else self.dp["max_steps"],
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.dp_steps = int(checkpoint["dpsyn"]["dp_steps"])
+
     @contextlib.contextmanager
     def _frozen_discriminator(self) -> Iterator[None]:
         """Turn off D's parameter gradients and, when DP, Opacus's grad-sample hooks (measured: the generator step
@@ -160,6 +173,27 @@ class GANModule(L.LightningModule):
             out.append(self.G(torch.randn(len(y), self.z_dim, device=self.device), y).cpu())
         self.G.train(was_training)
         return torch.cat(out) if out else torch.empty(0)
+
+
+class PeriodicCheckpoint(L.Callback):
+    """Every ``every`` discriminator steps, and at the end of each epoch, write ``path`` atomically (a kill during
+    the write leaves the previous checkpoint intact)."""
+
+    def __init__(self, path: Path, every: int) -> None:
+        self.path, self.every = Path(path), max(1, int(every))
+
+    def _save(self, trainer: L.Trainer) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        trainer.save_checkpoint(tmp)
+        os.replace(tmp, self.path)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if pl_module.dp_steps % self.every == 0:
+            self._save(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer)
 
 
 def noise_only_step(optimizer: Any) -> None:

@@ -9,6 +9,7 @@ training, for the exact number of discriminator steps the Trainer will run, so t
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpsyn.data.base import Split
-from dpsyn.lit.gan import GANModule, planned_steps
+from dpsyn.lit.gan import GANModule, PeriodicCheckpoint, planned_steps
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.privacy import (
@@ -28,6 +29,22 @@ from dpsyn.privacy import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _check_resumable(ckpt: Path, dp: dict[str, Any] | None) -> int:
+    """Steps already made by the checkpointed run; refuses a checkpoint made under another privacy calibration.
+
+    Raises:
+        ValueError: the checkpoint's noise multiplier or step budget differs from this run's.
+    """
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["dpsyn"]
+    want = (None, None) if dp is None else (dp["noise_multiplier"], dp["max_steps"])
+    if (state["noise_multiplier"], state["max_steps"]) != want:
+        raise ValueError(
+            f"{ckpt} was trained with noise multiplier {state['noise_multiplier']} for {state['max_steps']} steps, "
+            f"this config calibrates {want[0]} for {want[1]}: resume with the same config, or use a new run directory"
+        )
+    return int(state["dp_steps"])
 
 
 @METHODS.register("dp_gan")
@@ -100,16 +117,25 @@ class DPGAN(Method):
             beta1=float(cfg.beta1),
             dp=dp,
         )
+        callbacks, ckpt_path = [], None
+        if ctx.run_dir is not None and int(cfg.checkpoint_every) > 0:
+            ckpt = Path(ctx.run_dir) / "checkpoints" / "last.ckpt"
+            callbacks.append(PeriodicCheckpoint(ckpt, int(cfg.checkpoint_every)))
+            if ckpt.is_file():
+                ckpt_path = str(ckpt)
+                self.module.dp_steps = _check_resumable(ckpt, dp)
+                log.info("resuming dp_gan from %s (%d discriminator steps already made)", ckpt, self.module.dp_steps)
         trainer = L.Trainer(
             max_epochs=epochs,
             logger=ctx.logger if ctx.logger is not None else False,
-            enable_checkpointing=False,
+            enable_checkpointing=False,  # PeriodicCheckpoint writes the one checkpoint a resume needs
             use_distributed_sampler=False,
             num_sanity_val_steps=0,
+            callbacks=callbacks,
             **trainer_kwargs,
         )
         try:
-            trainer.fit(self.module, train_dataloaders=loader)
+            trainer.fit(self.module, train_dataloaders=loader, ckpt_path=ckpt_path)
         finally:
             # charge every release that happened, even when training stopped early or crashed
             if dp is not None:
