@@ -28,6 +28,10 @@ def test_every_config_composes(group: str, option: str) -> None:
     assert cfg.method.name in METHODS
     assert cfg.dataset.name == (option if group == "dataset" else "fmnist")
     assert "delta" in cfg.privacy and "names" in cfg.metrics
+    # no group may leak keys to the top level (a _global_ file's own defaults must name their package)
+    assert set(cfg) == {"method", "dataset", "privacy", "metrics", "trainer", "logger", "paths", "eps", "seed",
+                        "experiment_name", "profile", "skip_existing"}
+    assert cfg.trainer.accelerator in ("cpu", "gpu")
 
 
 def test_every_method_and_dataset_pair_is_checked() -> None:
@@ -51,7 +55,7 @@ def test_config_names_match_registries() -> None:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["method=nope"], "method=nope: unknown method; allowed: dp_gan, real"),
+        (["method=nope"], "method=nope: unknown method; allowed: dp_gan, gan, privgan, real"),
         (["dataset=cifar100"], "dataset=cifar100: unknown dataset; allowed:"),
         (["-m", "method=real,nope"], "method=nope"),
         (["eps=0"], "eps=0"),
@@ -113,5 +117,5 @@ def test_cli_config_error_is_one_line_and_writes_nothing(cli_env: dict[str, str]
     )
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert lines == ["dpsyn: config error: method=dp_dree: unknown method; allowed: dp_gan, real"]
+    assert lines == ["dpsyn: config error: method=dp_dree: unknown method; allowed: dp_gan, gan, privgan, real"]
     assert not (tmp_path / "outputs").exists()

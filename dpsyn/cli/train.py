@@ -132,6 +132,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         metrics, metric_s, metric_info = evaluate(
             samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir, seed=int(cfg.seed), load_family=_family_loader(cfg)
         )
+        extra, extra_info = method.report(data)
+        metrics.update(extra)
+        metric_info.update(extra_info)
         if logger is not None:
             logger.log_metrics({f"final/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
             if hasattr(logger, "log_image") and (run_dir / "samples.png").exists():
@@ -187,7 +190,7 @@ def format_summary(result: dict[str, Any]) -> str:
     eps_t, spent = result["eps"], result["epsilon_spent"]
     lines = [f"dpsyn: {result['method']} on {result['dataset']}, seed {result['seed']}"]
     if result["non_private_reference"]:
-        lines.append("  privacy : non-private reference (epsilon spent = inf)")
+        lines.append("  privacy : not differentially private (epsilon spent = inf): a reference, not a DP result")
     elif math.isinf(eps_t):
         lines.append("  privacy : non-private run (eps=inf, no noise)")
     else:

@@ -99,6 +99,11 @@ class Method(ABC):
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
         """Generate ``n`` samples (with the given labels, or labels drawn by the method)."""
 
+    def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Method-specific measurements added to result.json's metrics (e.g. attacks on the method's own
+        discriminators): (values, per-value info). Default: none."""
+        return {}, {}
+
     def uniform_labels(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """Labels spread evenly over the classes (a public choice: the private class proportions are not used)."""
         return rng.permutation(np.arange(n) % self.ctx.num_classes).astype(np.int64)

@@ -1,0 +1,138 @@
+"""``privgan`` and ``gan``: privGAN for N data owners (Rajotte & Ng, paper 003; objective of Mukherjee et al.) and
+the non-private local GAN baseline trained on one owner's data alone.
+
+Each owner k holds a disjoint share ``owners[k]`` of every class of the private data; owner k's data only reaches
+G_k and D_k; the central discriminator D_p only sees generated samples. privGAN gives no formal DP guarantee: its
+ledger records a non-private release and its privacy is measured empirically, by the white-box membership attack
+of the paper (every owner's discriminator scores members and held-out non-members; max and mean aggregation;
+top-|members| predicted members; accuracy against the random-guess rate), reported in result.json.
+
+Single-process, class-conditional MLPs. Not yet here: the decentralized multi-process mode, per-class models,
+D_p pretraining on real data (the paper turns it off; ``dp_pretrain: true`` is refused).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpsyn.data.base import DataBundle, Split
+from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
+from dpsyn.privacy import NonPrivateEvent, PrivacyLedger
+
+log = logging.getLogger(__name__)
+
+
+def split_owners(y: np.ndarray, fractions: list[float], *, seed: int) -> list[np.ndarray]:
+    """Disjoint row indices per owner: owner k takes ``fractions[k]`` of every class (seeded shuffle per class).
+
+    Raises:
+        ValueError: for fractions that are not in (0, 1] or that sum to more than 1.
+    """
+    if not fractions or any(not 0 < f <= 1 for f in fractions) or sum(fractions) > 1 + 1e-9:
+        raise ValueError(f"owners={list(fractions)}: each fraction must be in (0, 1] and their sum <= 1")
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[] for _ in fractions]
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        start = 0
+        for k, f in enumerate(fractions):
+            take = max(1, int(round(f * len(idx))))
+            parts[k].append(idx[start : start + take])
+            start += take
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
+@METHODS.register("privgan")
+class PrivGAN(Method):
+    """privGAN with ``len(cfg.owners)`` owners (see the module docstring)."""
+
+    kinds = ("image",)
+    reference = True  # no formal DP guarantee: epsilon spent is inf; privacy is measured by the attacks
+
+    def _fractions(self) -> list[float]:
+        return [float(f) for f in self.cfg.owners]
+
+    def _central(self) -> bool:
+        return len(self._fractions()) > 1
+
+    def fit(
+        self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
+    ) -> None:
+        import lightning as L
+
+        from dpsyn.lit.privgan import PrivGANModule, owner_loaders
+        from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
+
+        cfg, ctx = self.cfg, self.ctx
+        if cfg.get("dp_pretrain", False):
+            raise ValueError("method.dp_pretrain=true is not implemented (the paper turns it off); allowed: false")
+        L.seed_everything(ctx.seed, verbose=False)
+        self.owner_idx = split_owners(private.y, self._fractions(), seed=ctx.seed)
+        self.private = private
+        n = len(self.owner_idx)
+        shape = tuple(ctx.shape)
+        hid_g, hid_d = tuple(cfg.g_hidden), tuple(cfg.d_hidden)
+        gens = [CondMLPGenerator(z_dim=cfg.z_dim, num_classes=ctx.num_classes, shape=shape, hidden=hid_g) for _ in range(n)]
+        discs = [CondMLPDiscriminator(num_classes=ctx.num_classes, shape=shape, hidden=hid_d) for _ in range(n)]
+        central = CondMLPDiscriminator(num_classes=ctx.num_classes, shape=shape, hidden=hid_d, out=n) if n > 1 else None
+        self.module = PrivGANModule(
+            generators=gens, discriminators=discs, central=central, z_dim=int(cfg.z_dim), num_classes=ctx.num_classes,
+            lam=float(cfg.lam) if n > 1 else 0.0, dp_delay=int(cfg.dp_delay), lr=float(cfg.lr), beta1=float(cfg.beta1),
+            label_smoothing=float(cfg.label_smoothing),
+        )
+        parts = [(torch.from_numpy(private.x[i]), torch.from_numpy(private.y[i])) for i in self.owner_idx]
+        trainer_kwargs = dict(ctx.trainer)
+        epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
+        trainer = L.Trainer(max_epochs=epochs, logger=ctx.logger if ctx.logger is not None else False,
+                            enable_checkpointing=False, num_sanity_val_steps=0, **trainer_kwargs)
+        try:
+            trainer.fit(self.module, train_dataloaders=owner_loaders(parts, batch_size=int(cfg.batch_size), seed=ctx.seed))
+        finally:
+            ledger.add(NonPrivateEvent(label=f"{cfg.name}: {n} owner(s) {self._fractions()}, no formal DP guarantee"))
+
+    def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
+        """n samples split evenly over the owners' generators (the paper: 1500 per generator of 3000)."""
+        rng = np.random.default_rng(self.ctx.seed)
+        if labels is None:
+            labels = self.uniform_labels(n, rng)
+        torch.manual_seed(self.ctx.seed)
+        chunks = np.array_split(np.arange(n), len(self.owner_idx))
+        xs = [self.module.generate(k, torch.from_numpy(labels[c])).numpy() for k, c in enumerate(chunks)]
+        owner = np.concatenate([np.full(len(c), k) for k, c in enumerate(chunks)])
+        return Samples(np.concatenate(xs).astype(np.float32), labels,
+                       {"method": self.cfg.name, "owners": self._fractions(),
+                        "per_owner": [len(c) for c in chunks], "owner_of_row": "rows in owner order"})
+
+    def report(self, data: DataBundle) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The white-box attack: members = owners' training rows, non-members = held-out real rows (eval split)."""
+        from dpsyn.metrics.mia import whitebox_mia
+
+        a = self.cfg.attack
+        rng = np.random.default_rng(self.ctx.seed)
+        members_all = np.concatenate(self.owner_idx)
+        n_mem = min(int(a.n_members), len(members_all))
+        n_non = min(int(round(n_mem * float(a.non_member_ratio))), len(data.eval))
+        mem = rng.choice(members_all, size=n_mem, replace=False)
+        non = rng.choice(len(data.eval), size=n_non, replace=False)
+        x = np.concatenate([self.private.x[mem], data.eval.x[non]])
+        y = np.concatenate([self.private.y[mem], data.eval.y[non]])
+        is_member = np.concatenate([np.ones(n_mem, bool), np.zeros(n_non, bool)])
+        scores = self.module.scores(torch.from_numpy(x), torch.from_numpy(y)).numpy()
+        out = whitebox_mia(scores, is_member, seed=self.ctx.seed)
+        values = {f"mia_wb_{k}": out[k] for k in ("acc_max", "acc_mean", "auc_max", "auc_mean", "baseline")}
+        info = {"attack": "white-box discriminator scores (privGAN), top-|members| predicted members",
+                "discriminators": [f"D_{k} (owner {k})" for k in range(len(self.owner_idx))],
+                "members": f"{n_mem} of the owners' training rows", "non_members": f"{n_non} rows of {data.name} eval"}
+        return values, {k: info for k in values}
+
+
+@METHODS.register("gan")
+class LocalGAN(PrivGAN):
+    """The non-private local GAN: one owner's share alone, no central discriminator (the paper's comparison)."""
+
+    def _fractions(self) -> list[float]:
+        return [float(self.cfg.owner_fraction)]
