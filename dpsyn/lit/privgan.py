@@ -73,37 +73,21 @@ class PrivGANModule(L.LightningModule):
         opts = self.optimizers()
         opts = opts if isinstance(opts, list) else [opts]
         opt_g, opt_d = opts[: self.n], opts[self.n : 2 * self.n]
-        opt_p = opts[2 * self.n] if self.Dp is not None else None
         logs = {}
         fakes = []
         for i in range(self.n):
             x, y = batch[f"owner{i}"]  # owner i's data only ever reaches G_i / D_i
-            b = len(x)
-            z, y_f = self._latent(b)
-            fake = self.G[i](z, y_f)
-            # D_i: owner i's real data vs G_i's samples
-            d_loss = F.binary_cross_entropy_with_logits(self.D[i](x, y), torch.full((b,), self.smooth, device=self.device)) \
-                + F.binary_cross_entropy_with_logits(self.D[i](fake.detach(), y_f), torch.zeros(b, device=self.device))
-            opt_d[i].zero_grad()
-            self.manual_backward(d_loss)
-            opt_d[i].step()
-            # G_i: fool D_i, and (privGAN) make D_p attribute its samples to another owner
-            g_loss = F.binary_cross_entropy_with_logits(self.D[i](fake, y_f), torch.ones(b, device=self.device))
-            if self.Dp is not None and self.lam > 0:
-                other = (i + torch.randint(1, self.n, (b,), device=self.device)) % self.n
-                g_loss = g_loss + self.lam * F.cross_entropy(self.Dp(fake, y_f), other)
-            opt_g[i].zero_grad()
-            self.manual_backward(g_loss)
-            opt_g[i].step()
-            fakes.append((fake.detach(), y_f))
-            logs[f"train/d{i}"], logs[f"train/g{i}"] = d_loss.item(), g_loss.item()
+            fake, y_f, d_loss, g_loss = owner_step(
+                self.G[i], self.D[i], self.Dp, opt_g[i], opt_d[i], x, y, owner=i, n_owners=self.n, z_dim=self.z_dim,
+                num_classes=self.num_classes, lam=self.lam, smooth=self.smooth, backward=self.manual_backward,
+            )
+            fakes.append((fake, y_f))
+            logs[f"train/d{i}"], logs[f"train/g{i}"] = d_loss, g_loss
         if self.Dp is not None and self.current_epoch >= self.dp_delay:
-            # D_p sees generated samples only, labelled by the generator that made them
-            x_p = torch.cat([f for f, _ in fakes])
-            y_p = torch.cat([yf for _, yf in fakes])
-            owner = torch.cat([torch.full((len(f),), i, device=self.device) for i, (f, _) in enumerate(fakes)])
-            p_loss = F.cross_entropy(self.Dp(x_p, y_p), owner)
+            opt_p = opts[2 * self.n]
             opt_p.zero_grad()
+            total = sum(len(f) for f, _ in fakes)
+            p_loss = sum(central_loss(self.Dp, f, yf, owner=i, total=total) for i, (f, yf) in enumerate(fakes))
             self.manual_backward(p_loss)
             opt_p.step()
             self.dp_updates += 1
@@ -126,6 +110,57 @@ class PrivGANModule(L.LightningModule):
             out.append(torch.cat([torch.sigmoid(d(xb, yb)) for xb, yb in zip(x.split(batch_size), y.split(batch_size))]))
             d.train()
         return torch.stack(out)
+
+
+def owner_step(
+    G: nn.Module,
+    D: nn.Module,
+    Dp: nn.Module | None,
+    opt_g: torch.optim.Optimizer,
+    opt_d: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    owner: int,
+    n_owners: int,
+    z_dim: int,
+    num_classes: int,
+    lam: float,
+    smooth: float,
+    backward: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """One owner's update, the same in the single-process and the decentralized modes: D_owner on the owner's real
+    batch vs G_owner's samples, then G_owner against D_owner and (privGAN) the central discriminator.
+
+    Returns:
+        (G_owner's samples, detached; their labels; D loss; G loss).
+    """
+    backward = backward or (lambda loss: loss.backward())
+    b = len(x)
+    z = torch.randn(b, z_dim, device=x.device)
+    y_f = torch.randint(0, num_classes, (b,), device=x.device)
+    fake = G(z, y_f)
+    d_loss = F.binary_cross_entropy_with_logits(D(x, y), torch.full((b,), smooth, device=x.device)) \
+        + F.binary_cross_entropy_with_logits(D(fake.detach(), y_f), torch.zeros(b, device=x.device))
+    opt_d.zero_grad()
+    backward(d_loss)
+    opt_d.step()
+    g_loss = F.binary_cross_entropy_with_logits(D(fake, y_f), torch.ones(b, device=x.device))
+    if Dp is not None and lam > 0:
+        # privGAN: G_owner is rewarded when D_p attributes its samples to another owner
+        other = (owner + torch.randint(1, n_owners, (b,), device=x.device)) % n_owners
+        g_loss = g_loss + lam * F.cross_entropy(Dp(fake, y_f), other)
+    opt_g.zero_grad()
+    backward(g_loss)
+    opt_g.step()
+    return fake.detach(), y_f, d_loss.item(), g_loss.item()
+
+
+def central_loss(Dp: nn.Module, fake: torch.Tensor, y_f: torch.Tensor, *, owner: int, total: int) -> torch.Tensor:
+    """Owner ``owner``'s share of D_p's loss: cross-entropy of its generated samples labelled ``owner``, summed and
+    divided by the number of generated samples of all owners, so the owners' shares add up to the mean loss."""
+    target = torch.full((len(fake),), owner, device=fake.device)
+    return F.cross_entropy(Dp(fake, y_f), target, reduction="sum") / total
 
 
 def owner_loaders(parts: list[tuple[torch.Tensor, torch.Tensor]], *, batch_size: int, seed: int) -> Any:

@@ -7,13 +7,15 @@ ledger records a non-private release and its privacy is measured empirically, by
 of the paper (every owner's discriminator scores members and held-out non-members; max and mean aggregation;
 top-|members| predicted members; accuracy against the random-guess rate), reported in result.json.
 
-Single-process, class-conditional MLPs. Not yet here: the decentralized multi-process mode, per-class models,
-D_p pretraining on real data (the paper turns it off; ``dp_pretrain: true`` is refused).
+Class-conditional MLPs; ``mode: single`` (one process, Lightning) or ``mode: decentralized`` (one process per owner,
+only D_p's gradient updates cross: :mod:`dpsyn.lit.privgan_dist`). Not yet here: per-class models, D_p pretraining
+on real data (the paper turns it off; ``dp_pretrain: true`` is refused).
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,12 +89,39 @@ class PrivGAN(Method):
         parts = [(torch.from_numpy(private.x[i]), torch.from_numpy(private.y[i])) for i in self.owner_idx]
         trainer_kwargs = dict(ctx.trainer)
         epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
+        mode = str(cfg.get("mode", "single"))
+        if mode not in ("single", "decentralized"):
+            raise ValueError(f"method.mode={mode}: unknown mode; allowed: single, decentralized")
+        if mode == "decentralized" and n > 1:
+            try:
+                self._fit_decentralized(parts, epochs)
+            finally:
+                ledger.add(NonPrivateEvent(label=f"{cfg.name} (decentralized): {n} owners {self._fractions()}, "
+                                                 "no formal DP guarantee"))
+            return
         trainer = L.Trainer(max_epochs=epochs, logger=ctx.logger if ctx.logger is not None else False,
                             enable_checkpointing=False, num_sanity_val_steps=0, **trainer_kwargs)
         try:
             trainer.fit(self.module, train_dataloaders=owner_loaders(parts, batch_size=int(cfg.batch_size), seed=ctx.seed))
         finally:
             ledger.add(NonPrivateEvent(label=f"{cfg.name}: {n} owner(s) {self._fractions()}, no formal DP guarantee"))
+
+    def _fit_decentralized(self, parts: list[tuple[torch.Tensor, torch.Tensor]], epochs: int) -> None:
+        """One process per owner (see :mod:`dpsyn.lit.privgan_dist`); the owners' final G/D are loaded here to
+        sample and to attack, as the released models would be."""
+        from dpsyn.lit.privgan_dist import train_decentralized
+
+        cfg, ctx = self.cfg, self.ctx
+        hp = {"seed": ctx.seed, "epochs": epochs, "batch_size": int(cfg.batch_size), "lr": float(cfg.lr),
+              "beta1": float(cfg.beta1), "lam": float(cfg.lam), "dp_delay": int(cfg.dp_delay),
+              "label_smoothing": float(cfg.label_smoothing), "z_dim": int(cfg.z_dim), "num_classes": ctx.num_classes,
+              "g_hidden": list(cfg.g_hidden), "d_hidden": list(cfg.d_hidden)}
+        work = Path(ctx.run_dir or ".") / "owners"
+        states = train_decentralized([(x.numpy(), y.numpy()) for x, y in parts], hp=hp, work_dir=work)
+        for k, st in enumerate(states):
+            self.module.G[k].load_state_dict(st["G"])
+            self.module.D[k].load_state_dict(st["D"])
+        self.module.Dp.load_state_dict(states[0]["Dp"])
 
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
         """n samples split evenly over the owners' generators (the paper: 1500 per generator of 3000)."""
