@@ -49,7 +49,8 @@ def test_each_discriminator_sees_only_its_owner_and_central_only_generated(make_
     monkeypatch.setattr(lit.PrivGANModule, "training_step", record)
     cfg = make_cfg("method=privgan", "method.owners=[0.01,0.02]", "metrics.names.image=[]", "metrics.n_samples=40")
     result = run(cfg, tmp_path / "run")
-    assert {"mia_wb_acc_max", "mia_wb_acc_mean", "mia_wb_baseline"} <= set(result["metrics"])
+    assert {"mia_wb_acc_max", "mia_wb_acc_mean", "mia_wb_baseline", "acc_owner0", "acc_owner1"} <= set(result["metrics"])
+    assert result["metric_info"]["acc_owner1"]["generator"] == "G_1 (owner 1, fraction 0.02)"
     assert result["metric_info"]["mia_wb_acc_max"]["discriminators"] == ["D_0 (owner 0)", "D_1 (owner 1)"]
 
     from dpsyn.data import load_dataset

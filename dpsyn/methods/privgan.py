@@ -131,7 +131,8 @@ class PrivGAN(Method):
         torch.manual_seed(self.ctx.seed)
         chunks = np.array_split(np.arange(n), len(self.owner_idx))
         xs = [self.module.generate(k, torch.from_numpy(labels[c])).numpy() for k, c in enumerate(chunks)]
-        owner = np.concatenate([np.full(len(c), k) for k, c in enumerate(chunks)])
+        self._samples = (np.concatenate(xs).astype(np.float32), labels)
+        self._chunks = chunks
         return Samples(np.concatenate(xs).astype(np.float32), labels,
                        {"method": self.cfg.name, "owners": self._fractions(),
                         "per_owner": [len(c) for c in chunks], "owner_of_row": "rows in owner order"})
@@ -156,7 +157,31 @@ class PrivGAN(Method):
         info = {"attack": "white-box discriminator scores (privGAN), top-|members| predicted members",
                 "discriminators": [f"D_{k} (owner {k})" for k in range(len(self.owner_idx))],
                 "members": f"{n_mem} of the owners' training rows", "non_members": f"{n_non} rows of {data.name} eval"}
-        return values, {k: info for k in values}
+        infos = {k: info for k in values}
+        if int(a.get("per_owner_utility", 0)) and getattr(self, "_samples", None) is not None and len(self.owner_idx) > 1:
+            values_u, info_u = self._per_owner_utility(data)
+            values.update(values_u)
+            infos.update(info_u)
+        return values, infos
+
+    def _per_owner_utility(self, data: DataBundle) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Downstream accuracy of each owner's generator alone (the paper's per-owner utility), one sealed read each."""
+        from dpsyn.metrics.sealed import SealedSplit
+        from dpsyn.metrics.utility import downstream_accuracy
+
+        x, y = self._samples
+        c = self.cfg.attack.utility
+        sealed = SealedSplit(data.eval.x, data.eval.y, name=f"{data.name}/eval", max_reads=len(self._chunks))
+        values, infos = {}, {}
+        for k, rows in enumerate(self._chunks):
+            out = downstream_accuracy((x[rows], y[rows]), sealed, num_classes=data.num_classes, epochs=int(c.epochs),
+                                      batch_size=int(c.batch_size), lr=float(c.lr), val_fraction=0.1,
+                                      seed=self.ctx.seed, progress=False)
+            values[f"acc_owner{k}"] = out["acc"]
+            infos[f"acc_owner{k}"] = {"generator": f"G_{k} (owner {k}, fraction {self._fractions()[k]})",
+                                      "n_train": out["n_train"], "selection": "held-out synthetic split",
+                                      "reference": f"{data.name} eval split (sealed)"}
+        return values, infos
 
 
 @METHODS.register("gan")
