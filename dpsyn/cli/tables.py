@@ -14,7 +14,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dpsyn.paths import CONF_DIR, REPO_DIR
 

@@ -418,8 +418,8 @@ def clip(
     except ImportError as e:
         raise ImportError(
             "the `clip` feature extractor needs open_clip, which is not installed (pip install open_clip_torch); "
-            f"alternatives: `inception` (torch-fidelity's InceptionV3, local weights) or the embedded "
-            f"`evalnet_<family>` (metric `fd_<family>`)"
+            "alternatives: `inception` (torch-fidelity's InceptionV3, local weights) or the embedded "
+            "`evalnet_<family>` (metric `fd_<family>`)"
         ) from e
     raw = checkpoint_path if checkpoint_path is not None else os.environ.get(CLIP_CHECKPOINT_ENV)
     path = Path(raw).expanduser() if raw else None
