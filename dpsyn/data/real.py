@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -82,6 +83,29 @@ class ImageArrays(NamedTuple):
     files: dict[str, str]
 
 
+def _ensure_files(
+    what: str, folder: Path, names: Any, *, download: bool, hint: str, fetch: Callable[[], Any]
+) -> None:
+    """Check that ``folder`` holds every file in ``names``; else download them with ``fetch`` when allowed.
+
+    Raises:
+        FileNotFoundError: files missing and ``download`` false, or the download failed (the message names the
+            folder, the missing files and ``hint``).
+    """
+    missing = [n for n in names if not (folder / n).is_file()]
+    if not missing:
+        return
+    if not download:
+        raise FileNotFoundError(f"{what} not found: {folder} lacks {', '.join(missing)}; {hint}")
+    log.info("downloading %s into %s with torchvision", what, folder)
+    try:
+        fetch()
+    except Exception as err:  # noqa: BLE001 - any network/IO failure becomes a FileNotFoundError
+        raise FileNotFoundError(
+            f"{what} not found in {folder} and torchvision's download failed ({type(err).__name__}: {err}); {hint}"
+        ) from err
+
+
 # ---------------------------------------------------------------------------------------------------------- MNIST
 
 
@@ -100,21 +124,11 @@ def read_mnist(data_dir: str | Path, *, download: bool = False) -> ImageArrays:
 
     root = Path(data_dir)
     raw = root / "MNIST" / "raw"
-    missing = [name for name in MNIST_RAW_FILES if not (raw / name).is_file()]
-    if missing:
-        hint = (
-            f"put the gunzipped IDX files there, or set dataset.download=true to let torchvision download them "
-            f"into {root}"
-        )
-        if not download:
-            raise FileNotFoundError(f"MNIST not found: {raw} lacks {', '.join(missing)}; {hint}")
-        log.info("downloading MNIST into %s with torchvision", raw)
-        try:
-            MNIST(root=str(root), train=True, download=True)
-        except Exception as err:  # noqa: BLE001 - any network/IO failure becomes a FileNotFoundError
-            raise FileNotFoundError(
-                f"MNIST not found in {raw} and torchvision's download failed ({type(err).__name__}: {err}); {hint}"
-            ) from err
+    _ensure_files(
+        "MNIST", raw, MNIST_RAW_FILES, download=download,
+        hint=f"put the gunzipped IDX files there, or set dataset.download=true to let torchvision download them into {root}",
+        fetch=lambda: MNIST(root=str(root), train=True, download=True),
+    )
     files = {name: str(raw / name) for name in MNIST_RAW_FILES}
     splits = []
     for train in (True, False):
@@ -189,24 +203,17 @@ def read_cifar10(data_dir: str | Path, *, download: bool = False) -> ImageArrays
     root = Path(data_dir)
     folder = root / CIFAR10_DIR
     names = (*CIFAR10_TRAIN_FILES, *CIFAR10_TEST_FILES, CIFAR10_META)
-    missing = [n for n in names if not (folder / n).is_file()]
-    if missing:
-        hint = (
-            "put the python-version batches (cifar-10-python.tar.gz, extracted) there, or set dataset.download=true "
-            f"to let torchvision download them (~170 MB) into {root}"
-        )
-        if not download:
-            raise FileNotFoundError(f"CIFAR-10 not found: {folder} lacks {', '.join(missing)}; {hint}")
+
+    def fetch() -> None:
         from torchvision.datasets import CIFAR10
 
-        log.info("downloading CIFAR-10 into %s with torchvision", folder)
-        try:
-            CIFAR10(root=str(root), train=True, download=True)
-        except Exception as err:  # noqa: BLE001 - any network/IO failure becomes a FileNotFoundError
-            raise FileNotFoundError(
-                f"CIFAR-10 not found in {folder} and torchvision's download failed ({type(err).__name__}: {err}); "
-                f"{hint}"
-            ) from err
+        CIFAR10(root=str(root), train=True, download=True)
+
+    _ensure_files(
+        "CIFAR-10", folder, names, download=download, fetch=fetch,
+        hint="put the python-version batches (cifar-10-python.tar.gz, extracted) there, or set dataset.download=true "
+        f"to let torchvision download them (~170 MB) into {root}",
+    )
 
     meta = _load_pickle(folder / CIFAR10_META)
     raw_names = meta.get("label_names")

@@ -65,10 +65,6 @@ class PrivGANModule(L.LightningModule):
             opts.append(adam(self.Dp))
         return opts
 
-    def _latent(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.randn(n, self.z_dim, device=self.device),
-                torch.randint(0, self.num_classes, (n,), device=self.device))
-
     def training_step(self, batch: dict[str, tuple[torch.Tensor, torch.Tensor]], batch_idx: int) -> None:
         opts = self.optimizers()
         opts = opts if isinstance(opts, list) else [opts]
