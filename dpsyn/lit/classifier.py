@@ -103,9 +103,27 @@ def train_classifier(
 
 
 @torch.no_grad()
-def predict(net: nn.Module, x: np.ndarray, *, batch_size: int = 1024, features: bool = False) -> np.ndarray:
-    """Logits (or ``net.features`` when ``features=True``) for ``x``, in eval mode, as float64 numpy."""
-    net.eval()
+def predict(
+    net: nn.Module,
+    x: np.ndarray,
+    *,
+    batch_size: int = 1024,
+    features: bool = False,
+    device: str | torch.device | None = None,
+) -> np.ndarray:
+    """Logits (or ``net.features`` when ``features=True``) for ``x``, in eval mode, as float64 numpy.
+
+    ``device`` (None: the CPU) runs the network there for the call and moves it back to the CPU afterwards.
+    """
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    net.to(dev).eval()
     fn = net.features if features else net
-    out = [fn(torch.from_numpy(x[i : i + batch_size])).double().numpy() for i in range(0, len(x), batch_size)]
+    try:
+        out = [
+            fn(torch.from_numpy(x[i : i + batch_size]).to(dev)).double().cpu().numpy()
+            for i in range(0, len(x), batch_size)
+        ]
+    finally:
+        if dev.type != "cpu":
+            net.to("cpu")
     return np.concatenate(out) if out else np.empty((0,))

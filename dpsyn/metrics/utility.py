@@ -57,23 +57,6 @@ def build_classifier(name: str, *, channels: int, num_classes: int, resolution: 
     return CLASSIFIERS[name](channels, num_classes, resolution)
 
 
-@torch.no_grad()
-def _member_logits(net: nn.Module, x: np.ndarray, *, batch_size: int, device: str | torch.device | None) -> np.ndarray:
-    """Logits of one network as float64 numpy: on the CPU through :func:`predict`, else on ``device``."""
-    if device is None or torch.device(device).type == "cpu":
-        return predict(net, x, batch_size=batch_size)
-    dev = torch.device(device)
-    net.to(dev).eval()
-    try:
-        out = [
-            net(torch.from_numpy(x[i : i + batch_size]).to(dev)).double().cpu().numpy()
-            for i in range(0, len(x), batch_size)
-        ]
-    finally:
-        net.to("cpu")
-    return np.concatenate(out)
-
-
 def ensemble_logits(
     nets: Sequence[nn.Module], x: np.ndarray, *, batch_size: int = 1024, device: str | torch.device | None = None
 ) -> np.ndarray:
@@ -94,7 +77,7 @@ def ensemble_logits(
     if len(nets) == 0:
         raise ValueError("an ensemble needs at least one member")
     x = np.ascontiguousarray(x, dtype=np.float32)  # the same object when it is already float32 and contiguous
-    return np.mean([_member_logits(n, x, batch_size=batch_size, device=device) for n in nets], axis=0)
+    return np.mean([predict(n, x, batch_size=batch_size, device=device) for n in nets], axis=0)
 
 
 def downstream_accuracy(
