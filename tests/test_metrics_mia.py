@@ -211,3 +211,23 @@ def test_clopper_pearson_and_epsilon_formula() -> None:
     assert mia.epsilon_from_rates(0.99, 0.9) == pytest.approx(np.log(0.1 / 0.01))  # the complementary test
     with pytest.raises(ValueError, match="alpha"):
         mia.clopper_pearson(1, 2, 0.0)
+
+
+def test_monte_carlo_attack_finds_copied_members_and_is_at_chance_on_independent_samples() -> None:
+    from dpsyn.metrics.mia import monte_carlo_mia
+
+    rng = np.random.default_rng(0)
+    members, non_members = rng.normal(size=(50, 30)), rng.normal(size=(450, 30))
+    candidates = np.concatenate([members, non_members])
+    is_member = np.arange(500) < 50
+    # a generator that partly memorises: fresh samples of the distribution plus noisy copies of every member
+    leaky = np.concatenate([rng.normal(size=(1000, 30)), np.repeat(members, 4, axis=0) + 0.01 * rng.normal(size=(200, 30))])
+    out = monte_carlo_mia(candidates, is_member, leaky, n_components=10, seed=0)
+    assert out["baseline"] == pytest.approx(0.1)
+    assert out["acc"] > 0.35 and out["auc"] > 0.85  # measured: 0.44 and 0.94
+    # samples independent of a fresh pool each time: chance (0.1) on average
+    accs = [monte_carlo_mia(rng.normal(size=(500, 30)), is_member, rng.normal(size=(1200, 30)), n_components=10,
+                            seed=s)["acc"] for s in range(10)]
+    assert abs(np.mean(accs) - 0.1) < 0.05
+    with pytest.raises(ValueError, match="percentile"):
+        monte_carlo_mia(candidates, is_member, leaky, percentile=0)

@@ -30,53 +30,119 @@ def test_split_owners_is_disjoint_and_per_class() -> None:
             split_owners(y, bad, seed=0)
 
 
-def test_each_discriminator_sees_only_its_owner_and_central_only_generated(make_cfg, tmp_path: Path, monkeypatch) -> None:
+def _record_forward_inputs(monkeypatch) -> dict[tuple[int, int], list[torch.Tensor]]:
+    """Record every training-mode input of the owners' discriminators, keyed (model, owner), and of each model's
+    central discriminator, keyed (model, -1)."""
     from dpsyn.lit import privgan as lit
 
-    seen: dict[str, list[torch.Tensor]] = {}
-    original = lit.PrivGANModule.training_step
+    seen: dict[tuple[int, int], list[torch.Tensor]] = {}
+    original_step, original_pre = lit.PrivGANModule.training_step, lit.PrivGANModule.pretrain_central
 
-    def record(self, batch, idx):
+    def wrap(self):
         if not getattr(self, "_wrapped", False):
             self._wrapped = True
-            for name, mod in [(f"D{i}", d) for i, d in enumerate(self.D)] + [("Dp", self.Dp)]:
+            nets = [((k // self.n, k % self.n), d) for k, d in enumerate(self.D)]
+            nets += [((g, -1), p) for g, p in enumerate(self.Dp)] if self.Dp is not None else []
+            for key, mod in nets:
+                seen.setdefault(key, [])
                 # training-mode calls only (the attack scores in eval mode, on every owner's data by design)
                 mod.register_forward_pre_hook(
-                    lambda m, args, name=name: seen.setdefault(name, []).append(args[0].detach().clone()) if m.training else None
+                    lambda m, args, key=key: seen[key].append(args[0].detach().clone()) if m.training else None
                 )
-        return original(self, batch, idx)
 
-    monkeypatch.setattr(lit.PrivGANModule, "training_step", record)
-    cfg = make_cfg("method=privgan", "method.owners=[0.01,0.02]", "metrics.names.image=[]", "metrics.n_samples=40")
-    result = run(cfg, tmp_path / "run")
-    assert {"mia_wb_acc_max", "mia_wb_acc_mean", "mia_wb_baseline", "acc_owner0", "acc_owner1"} <= set(result["metrics"])
-    assert result["metric_info"]["acc_owner1"]["generator"] == "G_1 (owner 1, fraction 0.02)"
-    assert result["metric_info"]["mia_wb_acc_max"]["discriminators"] == ["D_0 (owner 0)", "D_1 (owner 1)"]
+    def step(self, batch, idx):
+        wrap(self)
+        return original_step(self, batch, idx)
 
+    def pre(self, *args, **kwargs):
+        wrap(self)
+        return original_pre(self, *args, **kwargs)
+
+    monkeypatch.setattr(lit.PrivGANModule, "training_step", step)
+    monkeypatch.setattr(lit.PrivGANModule, "pretrain_central", pre)
+    return seen
+
+
+def _owner_rows(cfg, fractions):
     from dpsyn.data import load_dataset
 
     data = load_dataset(cfg.dataset, seed=0, data_dir=cfg.paths.data_dir)
-    owners = split_owners(data.private.y, [0.01, 0.02], seed=0)
-    owner_rows = [_row_hashes(data.private.x[idx]) for idx in owners]
-    all_private = _row_hashes(data.private.x)
-    for i in range(2):
-        rows = set().union(*(_row_hashes(t) for t in seen[f"D{i}"]))
-        real_seen = rows & all_private
-        assert real_seen, f"D{i} saw no real data"
-        assert real_seen <= owner_rows[i], f"D{i} saw another owner's data"
-    dp_rows = set().union(*(_row_hashes(t) for t in seen["Dp"]))
-    assert not dp_rows & all_private, "the central discriminator saw real data"
+    owners = split_owners(data.private.y, fractions, seed=0)
+    label_of = {h: int(lab) for h, lab in zip(
+        (hashlib.sha1(np.ascontiguousarray(r, dtype=np.float32).tobytes()).hexdigest() for r in data.private.x),
+        data.private.y)}
+    return [_row_hashes(data.private.x[idx]) for idx in owners], label_of
+
+
+@pytest.mark.parametrize("method", ["privgan", "gan"])
+def test_each_discriminator_sees_only_its_owner_and_central_only_generated(
+    method: str, make_cfg, tmp_path: Path, monkeypatch
+) -> None:
+    """Per-class models (the default): model c's D_i sees only owner i's rows of class c; D_p sees no real row;
+    the local GANs (`gan`) have no D_p at all."""
+    seen = _record_forward_inputs(monkeypatch)
+    cfg = make_cfg(f"method={method}", "method.owners=[0.01,0.02]", "metrics.names.image=[]", "metrics.n_samples=40")
+    result = run(cfg, tmp_path / "run")
+    assert {"mia_wb_acc_max", "mia_wb_acc_mean", "mia_wb_baseline", "mia_mc_acc", "mia_mc_auc", "acc_owner0",
+            "acc_owner1"} <= set(result["metrics"])
+    assert result["metric_info"]["acc_owner1"]["generator"] == "G_1 (owner 1, fraction 0.02)"
+    assert result["metric_info"]["mia_wb_acc_max"]["discriminators"][1].startswith("D_1 (owner 1)")
+    assert result["sample_provenance"]["per_class_models"] is True
+
+    owner_rows, label_of = _owner_rows(cfg, [0.01, 0.02])
+    models = {g for g, _ in seen}
+    assert models == set(range(10)), "one model per class"
+    classes_seen = set()
+    for g in models:
+        for i in range(2):
+            rows = set().union(*(_row_hashes(t) for t in seen[(g, i)]))
+            real_seen = rows & set(label_of)
+            assert real_seen, f"D{i} saw no real data"
+            assert real_seen <= owner_rows[i], f"D{i} saw another owner's data"
+            labels = {label_of[h] for h in real_seen}
+            assert len(labels) == 1, f"a per-class model's D{i} saw classes {labels}"
+            classes_seen |= labels
+        if method == "gan":
+            assert (g, -1) not in seen, "the local GANs must not share a central discriminator"
+        else:
+            dp_rows = set().union(*(_row_hashes(t) for t in seen[(g, -1)]))
+            assert dp_rows and not dp_rows & set(label_of), "the central discriminator saw real data"
+    assert classes_seen == set(range(10))
+
+
+def test_central_pretraining_shows_real_data_to_dp_and_says_so(make_cfg, tmp_path: Path, monkeypatch) -> None:
+    """dp_pretrain=true (off by default, as in the paper): D_p sees the owners' real rows, and the ledger records it."""
+    seen = _record_forward_inputs(monkeypatch)
+    cfg = make_cfg("method=privgan", "method.owners=[0.01,0.02]", "method.per_class=false", "method.dp_pretrain=true",
+                   "method.dp_pretrain_epochs=1", "metrics.names.image=[]", "metrics.n_samples=40")
+    result = run(cfg, tmp_path / "run")
+    assert "D_p pretrained on the owners' real data" in result["privacy_events"][0]["label"]
+    owner_rows, label_of = _owner_rows(cfg, [0.01, 0.02])
+    assert {g for g, _ in seen} == {0}  # one class-conditional model
+    dp_real = set().union(*(_row_hashes(t) for t in seen[(0, -1)])) & set(label_of)
+    assert dp_real and dp_real <= owner_rows[0] | owner_rows[1]
+
+
+@pytest.mark.parametrize("overrides", [["method.arch=dcgan", "method.per_class=false"], ["method.per_class=false"]])
+def test_privgan_options_run(overrides: list[str], make_cfg, tmp_path: Path) -> None:
+    cfg = make_cfg("method=privgan", "method.owners=[0.01,0.01]", "metrics.names.image=[]", "metrics.n_samples=40",
+                   *overrides)
+    result = run(cfg, tmp_path / "run")
+    assert result["sample_provenance"]["per_class_models"] is False
+    x = np.load(tmp_path / "run" / "samples.npz")["x"]
+    assert x.shape == (40, 1, 28, 28) and 0 <= x.min() and x.max() <= 1
 
 
 def test_attack_beats_chance_on_an_overfit_local_gan(make_cfg, tmp_path: Path) -> None:
     """60 training rows, 1500 epochs: the local GAN's discriminator memorises them (paper: GAN attacks succeed)."""
-    cfg = make_cfg("method=gan", "method.owner_fraction=0.001", "method.epochs=1500", "method.batch_size=64",
+    cfg = make_cfg("method=gan", "method.owners=[0.001]", "method.per_class=false", "method.epochs=1500", "method.batch_size=64",
                    "method.lr=1e-3", "method.label_smoothing=1.0", "trainer.max_epochs=null",
                    "trainer.limit_train_batches=null", "trainer.enable_progress_bar=false",
-                   "metrics.names.image=[]", "metrics.n_samples=100")
+                   "metrics.names.image=[]", "metrics.n_samples=1000")
     m = run(cfg, tmp_path / "run")["metrics"]
     assert m["mia_wb_baseline"] == pytest.approx(0.1)
     assert m["mia_wb_acc_max"] > 0.3 and m["mia_wb_auc_max"] > 0.75
+    assert m["mia_mc_acc"] > 0.2 and m["mia_mc_auc"] > 0.6, m  # the released samples sit next to the members
 
 
 def test_decentralized_mode_sends_only_central_discriminator_updates(make_cfg, tmp_path: Path) -> None:
@@ -84,6 +150,7 @@ def test_decentralized_mode_sends_only_central_discriminator_updates(make_cfg, t
     import json
 
     cfg = make_cfg("method=privgan", "method.mode=decentralized", "method.owners=[0.005,0.01]", "method.epochs=2",
+                   "method.per_class=false", "method.dp_pretrain=true", "method.dp_pretrain_epochs=1",
                    "method.batch_size=64", "trainer.max_epochs=null", "metrics.names.image=[fd]", "metrics.n_samples=200")
     result = run(cfg, tmp_path / "run")
     assert {"mia_wb_acc_max", "mia_wb_baseline", "fd_fmnist"} <= set(result["metrics"])
@@ -93,7 +160,8 @@ def test_decentralized_mode_sends_only_central_discriminator_updates(make_cfg, t
 
     central = CondMLPDiscriminator(num_classes=10, shape=(1, 28, 28), hidden=tuple(cfg.method.d_hidden), out=2)
     allowed = {f"Dp.{n}.grad": list(p.shape) for n, p in central.named_parameters()}
-    steps = 2 * max(600 // 64, 300 // 64)  # epochs x the largest owner's batches (0.01 of 60k = 600 rows)
+    # (1 pretraining epoch + 2 epochs) x the largest owner's batches (0.01 of 60k = 600 rows)
+    steps = (1 + 2) * max(600 // 64, 300 // 64)
     for k in range(2):
         sent = json.loads((tmp_path / "run" / "owners" / f"transport_owner{k}.json").read_text())
         assert len(sent) == steps * len(allowed)

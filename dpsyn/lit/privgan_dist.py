@@ -63,8 +63,7 @@ def free_port() -> int:
 def _owner_process(rank: int, jobs: list[OwnerJob]) -> None:
     import torch.distributed as dist
 
-    from dpsyn.lit.privgan import central_loss, owner_step
-    from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
+    from dpsyn.lit.privgan import central_loss, cycled_batch, make_discriminator, make_generator, owner_step
 
     job = jobs[rank]  # this process reads only its own job (its own data file)
     hp = job.hp
@@ -76,21 +75,29 @@ def _owner_process(rank: int, jobs: list[OwnerJob]) -> None:
             x, y = torch.from_numpy(z["x"]), torch.from_numpy(z["y"])
         shape = tuple(x.shape[1:])
         torch.manual_seed(hp["seed"] + 1000 * (rank + 1))  # this owner's own G/D initialisation
-        G = CondMLPGenerator(z_dim=hp["z_dim"], num_classes=hp["num_classes"], shape=shape, hidden=tuple(hp["g_hidden"]))
-        D = CondMLPDiscriminator(num_classes=hp["num_classes"], shape=shape, hidden=tuple(hp["d_hidden"]))
+        G, D = make_generator(hp, shape), make_discriminator(hp, shape)
         torch.manual_seed(hp["seed"])  # every replica of D_p starts identical: no parameters are sent
-        Dp = CondMLPDiscriminator(num_classes=hp["num_classes"], shape=shape, hidden=tuple(hp["d_hidden"]), out=world)
+        Dp = make_discriminator(hp, shape, out=world)
         adam = lambda m: torch.optim.Adam(m.parameters(), lr=hp["lr"], betas=(hp["beta1"], 0.999))  # noqa: E731
         opt_g, opt_d, opt_p = adam(G), adam(D), adam(Dp)
         transport = Transport()
         gen = torch.Generator().manual_seed(hp["seed"] + rank)
         b = min(hp["batch_size"], len(x))
         total = job.total_batch
+        if hp.get("dp_pretrain_epochs", 0) > 0:  # D_p on this owner's real data (off in Rajotte & Ng)
+            opt_pre = adam(Dp)
+            for _ in range(hp["dp_pretrain_epochs"]):
+                order = torch.randperm(len(x), generator=gen)
+                for step in range(job.steps_per_epoch):
+                    idx = cycled_batch(order, step, b)
+                    opt_pre.zero_grad()
+                    central_loss(Dp, x[idx], y[idx], owner=rank, total=total).backward()
+                    transport.allreduce_central_grads(Dp)  # still only D_p's gradients cross
+                    opt_pre.step()
         for epoch in range(hp["epochs"]):
             order = torch.randperm(len(x), generator=gen)
             for step in range(job.steps_per_epoch):
-                start = (step * b) % max(1, len(x) - b + 1)  # cycle the owner's data (max_size_cycle)
-                idx = order[start : start + b]
+                idx = cycled_batch(order, step, b)  # cycle the owner's data (max_size_cycle)
                 fake, y_f, _, _ = owner_step(G, D, Dp, opt_g, opt_d, x[idx], y[idx], owner=rank, n_owners=world,
                                              z_dim=hp["z_dim"], num_classes=hp["num_classes"], lam=hp["lam"],
                                              smooth=hp["label_smoothing"])

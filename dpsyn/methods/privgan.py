@@ -7,9 +7,13 @@ ledger records a non-private release and its privacy is measured empirically, by
 of the paper (every owner's discriminator scores members and held-out non-members; max and mean aggregation;
 top-|members| predicted members; accuracy against the random-guess rate), reported in result.json.
 
-Class-conditional MLPs; ``mode: single`` (one process, Lightning) or ``mode: decentralized`` (one process per owner,
-only D_p's gradient updates cross: :mod:`dpsyn.lit.privgan_dist`). Not yet here: per-class models, D_p pretraining
-on real data (the paper turns it off; ``dp_pretrain: true`` is refused).
+A second, black-box attack (the Monte-Carlo attack of Hilprecht et al. 2019) uses only the released samples.
+
+Options: ``per_class: true`` trains one privGAN per class (the paper's per-digit models; labels come from which
+model made a sample), ``false`` one class-conditional privGAN; ``arch: mlp`` (privGAN's MLPs) or ``dcgan``;
+``dp_pretrain: true`` pretrains D_p on the owners' real data (privGAN's ``disc_epochs``; off in Rajotte & Ng, since
+real data would then reach D_p; the ledger and result say so); ``mode: single`` (one process, Lightning) or
+``mode: decentralized`` (one process per owner, only D_p's gradient updates cross: :mod:`dpsyn.lit.privgan_dist`).
 """
 
 from __future__ import annotations
@@ -54,74 +58,113 @@ class PrivGAN(Method):
 
     kinds = ("image",)
     reference = True  # no formal DP guarantee: epsilon spent is inf; privacy is measured by the attacks
+    central = True  # privGAN's central discriminator D_p (the local GAN baseline has none)
 
     def _fractions(self) -> list[float]:
         return [float(f) for f in self.cfg.owners]
 
-    def _central(self) -> bool:
-        return len(self._fractions()) > 1
+    def _hp(self, num_classes: int, epochs: int) -> dict[str, Any]:
+        cfg, ctx = self.cfg, self.ctx
+        n = len(self._fractions())
+        return {"seed": ctx.seed, "epochs": epochs, "batch_size": int(cfg.batch_size), "lr": float(cfg.lr),
+                "beta1": float(cfg.beta1), "lam": float(cfg.lam) if self.central and n > 1 else 0.0,
+                "dp_delay": int(cfg.dp_delay), "label_smoothing": float(cfg.label_smoothing), "z_dim": int(cfg.z_dim),
+                "num_classes": num_classes, "g_hidden": list(cfg.g_hidden), "d_hidden": list(cfg.d_hidden),
+                "arch": str(cfg.get("arch", "mlp")),
+                "dp_pretrain_epochs": int(cfg.get("dp_pretrain_epochs", 0)) if self._pretrain() else 0}
+
+    def _pretrain(self) -> bool:
+        return bool(self.cfg.get("dp_pretrain", False)) and self.central and len(self._fractions()) > 1
+
+    def _event_label(self, mode: str) -> str:
+        n = len(self._fractions())
+        what = f"{self.cfg.name}{' (decentralized)' if mode == 'decentralized' else ''}: {n} owner(s) {self._fractions()}"
+        if self._pretrain():
+            what += ", D_p pretrained on the owners' real data"
+        return what + ", no formal DP guarantee"
 
     def fit(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
     ) -> None:
         import lightning as L
 
-        from dpsyn.lit.privgan import PrivGANModule, owner_loaders
-        from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
+        from dpsyn.lit.privgan import owner_loaders
 
         cfg, ctx = self.cfg, self.ctx
-        if cfg.get("dp_pretrain", False):
-            raise ValueError("method.dp_pretrain=true is not implemented (the paper turns it off); allowed: false")
-        L.seed_everything(ctx.seed, verbose=False)
-        self.owner_idx = split_owners(private.y, self._fractions(), seed=ctx.seed)
-        self.private = private
-        n = len(self.owner_idx)
-        shape = tuple(ctx.shape)
-        hid_g, hid_d = tuple(cfg.g_hidden), tuple(cfg.d_hidden)
-        gens = [CondMLPGenerator(z_dim=cfg.z_dim, num_classes=ctx.num_classes, shape=shape, hidden=hid_g) for _ in range(n)]
-        discs = [CondMLPDiscriminator(num_classes=ctx.num_classes, shape=shape, hidden=hid_d) for _ in range(n)]
-        central = CondMLPDiscriminator(num_classes=ctx.num_classes, shape=shape, hidden=hid_d, out=n) if n > 1 else None
-        self.module = PrivGANModule(
-            generators=gens, discriminators=discs, central=central, z_dim=int(cfg.z_dim), num_classes=ctx.num_classes,
-            lam=float(cfg.lam) if n > 1 else 0.0, dp_delay=int(cfg.dp_delay), lr=float(cfg.lr), beta1=float(cfg.beta1),
-            label_smoothing=float(cfg.label_smoothing),
-        )
-        parts = [(torch.from_numpy(private.x[i]), torch.from_numpy(private.y[i])) for i in self.owner_idx]
-        trainer_kwargs = dict(ctx.trainer)
-        epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
         mode = str(cfg.get("mode", "single"))
         if mode not in ("single", "decentralized"):
             raise ValueError(f"method.mode={mode}: unknown mode; allowed: single, decentralized")
-        if mode == "decentralized" and n > 1:
-            try:
-                self._fit_decentralized(parts, epochs)
-            finally:
-                ledger.add(NonPrivateEvent(label=f"{cfg.name} (decentralized): {n} owners {self._fractions()}, "
-                                                 "no formal DP guarantee"))
-            return
-        trainer = L.Trainer(max_epochs=epochs, logger=ctx.logger if ctx.logger is not None else False,
-                            enable_checkpointing=False, num_sanity_val_steps=0, **trainer_kwargs)
+        L.seed_everything(ctx.seed, verbose=False)
+        self.owner_idx = split_owners(private.y, self._fractions(), seed=ctx.seed)
+        self.private = private
+        trainer_kwargs = dict(ctx.trainer)
+        epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
+        self.per_class = bool(cfg.get("per_class", False))
+        groups: list[int | None] = list(range(ctx.num_classes)) if self.per_class else [None]
+        hp = self._hp(1 if self.per_class else ctx.num_classes, epochs)
+        n = len(self.owner_idx)
+        parts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for g, c in enumerate(groups):
+            for i, idx in enumerate(self.owner_idx):
+                rows = idx if c is None else idx[private.y[idx] == c]
+                y = private.y[rows] if c is None else np.zeros(len(rows), np.int64)  # one model per class
+                parts[f"g{g}/owner{i}"] = (torch.from_numpy(private.x[rows]), torch.from_numpy(y))
+        if self.per_class:
+            log.info("%s: one model per class (%d), owners hold %s rows of each", cfg.name, len(groups),
+                     [len(parts[f"g0/owner{i}"][0]) for i in range(n)])
+        self.module = self._module(hp, len(groups))
         try:
-            trainer.fit(self.module, train_dataloaders=owner_loaders(parts, batch_size=int(cfg.batch_size), seed=ctx.seed))
+            if mode == "decentralized" and n > 1:
+                for g in range(len(groups)):
+                    own = [parts[f"g{g}/owner{i}"] for i in range(n)]
+                    sub = "owners" if not self.per_class else f"owners/class{g}"
+                    self._fit_decentralized(self.module, own, hp, Path(ctx.run_dir or ".") / sub, group=g)
+            else:
+                self.module.pretrain_central(parts, epochs=hp["dp_pretrain_epochs"], batch_size=hp["batch_size"],
+                                             seed=ctx.seed)
+                trainer = L.Trainer(max_epochs=epochs, logger=ctx.logger if ctx.logger is not None else False,
+                                    enable_checkpointing=False, num_sanity_val_steps=0, **trainer_kwargs)
+                trainer.fit(self.module, train_dataloaders=owner_loaders(parts, batch_size=hp["batch_size"], seed=ctx.seed))
         finally:
-            ledger.add(NonPrivateEvent(label=f"{cfg.name}: {n} owner(s) {self._fractions()}, no formal DP guarantee"))
+            ledger.add(NonPrivateEvent(label=self._event_label(mode)))
 
-    def _fit_decentralized(self, parts: list[tuple[torch.Tensor, torch.Tensor]], epochs: int) -> None:
+    def _module(self, hp: dict[str, Any], n_groups: int) -> Any:
+        from dpsyn.lit.privgan import PrivGANModule, make_discriminator, make_generator
+
+        n, shape = len(self.owner_idx), tuple(self.ctx.shape)
+        centrals = [make_discriminator(hp, shape, out=n) for _ in range(n_groups)] if self.central and n > 1 else None
+        return PrivGANModule(
+            generators=[make_generator(hp, shape) for _ in range(n_groups * n)],
+            discriminators=[make_discriminator(hp, shape) for _ in range(n_groups * n)],
+            centrals=centrals, n_owners=n, z_dim=hp["z_dim"], num_classes=hp["num_classes"], lam=hp["lam"],
+            dp_delay=hp["dp_delay"], lr=hp["lr"], beta1=hp["beta1"], label_smoothing=hp["label_smoothing"],
+        )
+
+    @staticmethod
+    def _fit_decentralized(module: Any, parts: list[tuple[torch.Tensor, torch.Tensor]], hp: dict[str, Any],
+                           work: Path, *, group: int) -> None:
         """One process per owner (see :mod:`dpsyn.lit.privgan_dist`); the owners' final G/D are loaded here to
         sample and to attack, as the released models would be."""
         from dpsyn.lit.privgan_dist import train_decentralized
 
-        cfg, ctx = self.cfg, self.ctx
-        hp = {"seed": ctx.seed, "epochs": epochs, "batch_size": int(cfg.batch_size), "lr": float(cfg.lr),
-              "beta1": float(cfg.beta1), "lam": float(cfg.lam), "dp_delay": int(cfg.dp_delay),
-              "label_smoothing": float(cfg.label_smoothing), "z_dim": int(cfg.z_dim), "num_classes": ctx.num_classes,
-              "g_hidden": list(cfg.g_hidden), "d_hidden": list(cfg.d_hidden)}
-        work = Path(ctx.run_dir or ".") / "owners"
         states = train_decentralized([(x.numpy(), y.numpy()) for x, y in parts], hp=hp, work_dir=work)
         for k, st in enumerate(states):
-            self.module.G[k].load_state_dict(st["G"])
-            self.module.D[k].load_state_dict(st["D"])
-        self.module.Dp.load_state_dict(states[0]["Dp"])
+            module.G[group * module.n + k].load_state_dict(st["G"])
+            module.D[group * module.n + k].load_state_dict(st["D"])
+        if module.Dp is not None:
+            module.Dp[group].load_state_dict(states[0]["Dp"])
+
+    def _by_class(self, labels: np.ndarray, fn: Any) -> list[tuple[np.ndarray, Any]]:
+        """``fn(group, model_labels, rows)`` per model: the conditional model (group 0) on every row, or each class's model
+        on its rows (labels 0 inside a per-class model); returns (rows, result) pairs."""
+        if not self.per_class:
+            rows = np.arange(len(labels))
+            return [(rows, fn(0, torch.from_numpy(labels), rows))]
+        out = []
+        for c in np.unique(labels):
+            rows = np.flatnonzero(labels == c)
+            out.append((rows, fn(int(c), torch.zeros(len(rows), dtype=torch.int64), rows)))
+        return out
 
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
         """n samples split evenly over the owners' generators (the paper: 1500 per generator of 3000)."""
@@ -130,17 +173,17 @@ class PrivGAN(Method):
             labels = self.uniform_labels(n, rng)
         torch.manual_seed(self.ctx.seed)
         chunks = np.array_split(np.arange(n), len(self.owner_idx))
-        xs = [self.module.generate(k, torch.from_numpy(labels[c])).numpy() for k, c in enumerate(chunks)]
-        self._samples = (np.concatenate(xs).astype(np.float32), labels)
+        x = np.empty((n, *self.ctx.shape), np.float32)
+        for k, c in enumerate(chunks):
+            for rows, imgs in self._by_class(labels[c], lambda g, y, rows, k=k: self.module.generate(k, y, group=g).numpy()):
+                x[c[rows]] = imgs
+        self._samples = (x, labels)
         self._chunks = chunks
-        return Samples(np.concatenate(xs).astype(np.float32), labels,
-                       {"method": self.cfg.name, "owners": self._fractions(),
-                        "per_owner": [len(c) for c in chunks], "owner_of_row": "rows in owner order"})
+        return Samples(x, labels, {"method": self.cfg.name, "owners": self._fractions(),
+                                   "per_owner": [len(c) for c in chunks], "owner_of_row": "rows in owner order",
+                                   "per_class_models": self.per_class})
 
-    def report(self, data: DataBundle) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The white-box attack: members = owners' training rows, non-members = held-out real rows (eval split)."""
-        from dpsyn.metrics.mia import whitebox_mia
-
+    def _attack_pool(self, data: DataBundle) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
         a = self.cfg.attack
         rng = np.random.default_rng(self.ctx.seed)
         members_all = np.concatenate(self.owner_idx)
@@ -151,18 +194,46 @@ class PrivGAN(Method):
         x = np.concatenate([self.private.x[mem], data.eval.x[non]])
         y = np.concatenate([self.private.y[mem], data.eval.y[non]])
         is_member = np.concatenate([np.ones(n_mem, bool), np.zeros(n_non, bool)])
-        scores = self.module.scores(torch.from_numpy(x), torch.from_numpy(y)).numpy()
+        return x, y, is_member, n_mem, n_non
+
+    def report(self, data: DataBundle) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The attacks: members = owners' training rows, non-members = held-out real rows (eval split).
+
+        White-box: every owner's discriminator scores the pool (privGAN). Monte-Carlo: the released samples only."""
+        from dpsyn.metrics.mia import monte_carlo_mia, whitebox_mia
+
+        a = self.cfg.attack
+        x, y, is_member, n_mem, n_non = self._attack_pool(data)
+        scores = self._scores(x, y)
         out = whitebox_mia(scores, is_member, seed=self.ctx.seed)
         values = {f"mia_wb_{k}": out[k] for k in ("acc_max", "acc_mean", "auc_max", "auc_mean", "baseline")}
+        pool = {"members": f"{n_mem} of the owners' training rows", "non_members": f"{n_non} rows of {data.name} eval"}
         info = {"attack": "white-box discriminator scores (privGAN), top-|members| predicted members",
-                "discriminators": [f"D_{k} (owner {k})" for k in range(len(self.owner_idx))],
-                "members": f"{n_mem} of the owners' training rows", "non_members": f"{n_non} rows of {data.name} eval"}
+                "discriminators": [f"D_{k} (owner {k})" + (" x per-class models" if self.per_class else "")
+                                   for k in range(len(self.owner_idx))], **pool}
         infos = {k: info for k in values}
+        if getattr(self, "_samples", None) is not None and int(a.get("monte_carlo", 1)):
+            mc = monte_carlo_mia(x, is_member, self._samples[0], n_components=int(a.get("mc_components", 40)),
+                                 percentile=a.get("mc_percentile"), seed=self.ctx.seed)
+            mc_info = {"attack": "Monte-Carlo (Hilprecht et al. 2019): share of released samples within an "
+                                 "eps-ball of the candidate, PCA space fitted on the samples", "eps_ball": mc["eps_ball"],
+                       "radius": mc["radius"], "n_components": mc["n_components"],
+                       "n_synthetic": mc["n_synthetic"], **pool}
+            for k in ("acc", "auc"):
+                values[f"mia_mc_{k}"] = mc[k]
+                infos[f"mia_mc_{k}"] = mc_info
         if int(a.get("per_owner_utility", 0)) and getattr(self, "_samples", None) is not None and len(self.owner_idx) > 1:
             values_u, info_u = self._per_owner_utility(data)
             values.update(values_u)
             infos.update(info_u)
         return values, infos
+
+    def _scores(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """(n_owners, n) discriminator scores; a per-class model's discriminators score the rows of its class."""
+        scores = np.empty((len(self.owner_idx), len(x)))
+        for rows, s in self._by_class(y, lambda g, yy, rows: self.module.scores(torch.from_numpy(x[rows]), yy, group=g)):
+            scores[:, rows] = s.numpy()
+        return scores
 
     def _per_owner_utility(self, data: DataBundle) -> tuple[dict[str, Any], dict[str, Any]]:
         """Downstream accuracy of each owner's generator alone (the paper's per-owner utility), one sealed read each."""
@@ -186,7 +257,8 @@ class PrivGAN(Method):
 
 @METHODS.register("gan")
 class LocalGAN(PrivGAN):
-    """The non-private local GAN: one owner's share alone, no central discriminator (the paper's comparison)."""
+    """The non-private local GAN: each owner trains a GAN on its own share alone, with no central discriminator and
+    nothing shared (the paper's comparison); ``owners: [f]`` is one owner, ``[f0, f1]`` gives the local GANs of the
+    same split as a privGAN run with those owners."""
 
-    def _fractions(self) -> list[float]:
-        return [float(self.cfg.owner_fraction)]
+    central = False

@@ -1,4 +1,5 @@
-"""Membership inference: privGAN's white-box discriminator attack and a black-box nearest-synthetic-sample attack.
+"""Membership inference: privGAN's white-box discriminator attack, black-box nearest-synthetic-sample and Monte-Carlo
+attacks.
 
 White-box (Mukherjee et al. 2021, privGAN; the protocol of microsoft/privGAN's ``WBattack``, reconstructed from its
 description): the candidate pool is the training set ``X`` (members) plus held-out real data ``X_comp``
@@ -476,4 +477,78 @@ def distance_mia(
     )
     log.info("distance MIA: AUC %.4f, eps lower bound %.3f at %.0f%% confidence",
              out["auc"], out["eps_lb"], 100 * confidence)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- Monte-Carlo attack
+
+
+@torch.no_grad()
+def monte_carlo_mia(
+    candidates: np.ndarray,
+    is_member: np.ndarray,
+    synthetic: np.ndarray,
+    *,
+    n_components: int = 40,
+    percentile: float | None = None,
+    seed: int = 0,
+    chunk_size: int = 2048,
+) -> dict[str, Any]:
+    """The Monte-Carlo attack of Hilprecht et al. (2019), used against privGAN: a candidate's score is the share of
+    released samples that fall in an eps-ball around it; the ``|members|`` top-scored candidates are predicted members
+    (the white-box attack's decision rule, ties broken at random).
+
+    Distances are Euclidean in a PCA space fitted on the *synthetic* samples only (the attacker's data; Hilprecht et
+    al. use PCA for MNIST). The ball radius follows one of their two heuristics: by default the median over
+    candidates of the distance to the nearest sample (median heuristic), or with ``percentile`` the ``percentile``-th
+    percentile of all candidate-to-sample distances (percentile heuristic; it needs the leak to cover at least that
+    share of all pairs, so it is the more fragile of the two).
+
+    Args:
+        candidates: (N, ...) members + non-members.
+        is_member: (N,) boolean membership.
+        synthetic: (S, ...) the released samples.
+        n_components: PCA dimensions (capped by the data).
+        percentile: None (median heuristic) or the radius percentile in (0, 100).
+        seed: PCA solver seed and tie-breaking order.
+        chunk_size: candidates per distance chunk.
+
+    Returns:
+        ``acc`` (attack accuracy), ``auc``, ``baseline`` (``|members| / N``), ``eps_ball``, ``radius`` (which
+        heuristic), ``n_components``, ``n_synthetic``.
+
+    Raises:
+        ValueError: for empty inputs or a percentile outside (0, 100).
+    """
+    from sklearn.decomposition import PCA
+
+    if percentile is not None and not 0 < percentile < 100:
+        raise ValueError(f"percentile={percentile}: must be in (0, 100)")
+    is_member = _check_membership(is_member, len(candidates))
+    a, b = _as_rows(candidates, None), _as_rows(synthetic, None)
+    if len(b) < 2:
+        raise ValueError(f"need at least 2 synthetic samples, got {len(b)}")
+    k = max(1, min(int(n_components), a.shape[1], len(b) - 1))
+    pca = PCA(n_components=k, random_state=seed).fit(b)
+    at = torch.as_tensor(pca.transform(a), dtype=torch.float32)
+    bt = torch.as_tensor(pca.transform(b), dtype=torch.float32)
+    dist = torch.cat([torch.cdist(at[i : i + chunk_size], bt) for i in range(0, len(at), chunk_size)])
+    if percentile is None:
+        eps_ball = float(dist.min(dim=1).values.median())
+        radius = "median of the candidates' nearest-sample distances"
+    else:  # kthvalue: an exact percentile without sorting a copy of the N x S matrix
+        flat = dist.flatten()
+        eps_ball = float(flat.kthvalue(max(1, int(np.ceil(percentile / 100 * flat.numel())))).values)
+        radius = f"{percentile:g}th percentile of the candidate-sample distances"
+    score = (dist <= eps_ball).double().mean(dim=1).numpy()
+    out = {
+        "acc": top_k_accuracy(score, is_member, seed=seed),
+        "auc": float(roc_auc_score(is_member, score)),
+        "baseline": float(is_member.mean()),
+        "eps_ball": eps_ball,
+        "radius": radius,
+        "n_components": int(k),
+        "n_synthetic": int(len(b)),
+    }
+    log.info("Monte-Carlo MIA: acc %.4f (baseline %.4f), AUC %.4f", out["acc"], out["baseline"], out["auc"])
     return out

@@ -48,27 +48,29 @@ class CondDCGANGenerator(nn.Module):
 
 
 class CondDCGANDiscriminator(nn.Module):
-    """D(x, y) -> logit: two stride-2 convs with LeakyReLU, then a linear layer; no normalisation layers.
+    """D(x, y) -> logit(s): two stride-2 convs with LeakyReLU, then a linear layer; no normalisation layers.
 
     Args:
         num_classes: number of classes (one-hot label maps are concatenated to the image channels).
         channels: image channels.
         resolution: image side; must be divisible by 4.
         ndf: width multiplier.
+        out: number of logits (1 for a GAN discriminator, N for privGAN's central discriminator).
     """
 
-    def __init__(self, *, num_classes: int, channels: int, resolution: int, ndf: int = 32) -> None:
+    def __init__(self, *, num_classes: int, channels: int, resolution: int, ndf: int = 32, out: int = 1) -> None:
         super().__init__()
-        self.num_classes = num_classes
+        self.num_classes, self.out = num_classes, out
         self.net = nn.Sequential(
             nn.Conv2d(channels + num_classes, ndf, 4, 2, 1),
             nn.LeakyReLU(0.2),
             nn.Conv2d(ndf, 2 * ndf, 4, 2, 1),
             nn.LeakyReLU(0.2),
             nn.Flatten(),
-            nn.Linear(2 * ndf * (resolution // 4) ** 2, 1),
+            nn.Linear(2 * ndf * (resolution // 4) ** 2, out),
         )
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         maps = F.one_hot(y, self.num_classes).to(x.dtype)[:, :, None, None].expand(-1, -1, *x.shape[2:])
-        return self.net(torch.cat([x, maps], dim=1)).squeeze(1)
+        logits = self.net(torch.cat([x, maps], dim=1))
+        return logits.squeeze(1) if self.out == 1 else logits
