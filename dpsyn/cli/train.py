@@ -100,6 +100,10 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         trainer=trainer_cfg,
         logger=logger,
         run_dir=run_dir,
+        public=cfg.get("public"),
+        cache_dir=str(cfg.paths.cache_dir),
+        data_dir=str(cfg.paths.data_dir),
+        public_classes=list(data.public_classes) if data.public_classes else None,
     )
     method = method_cls(cfg.method, ctx)
     budget = PrivacyBudget(epsilon=eps, delta=delta)

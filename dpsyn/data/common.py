@@ -93,7 +93,8 @@ def check_config(
     """
     name = cfg_get(cfg, "name")
     allowed = COMMON_KEYS | set(extra_keys)
-    unknown = sorted(set(_cfg_keys(cfg)) - allowed)
+    # `defaults` is Hydra's (a dataset file may choose its public models); it is gone once Hydra composes the file
+    unknown = sorted(set(_cfg_keys(cfg)) - allowed - {"defaults"})
     if unknown:
         raise ValueError(
             f"unknown key dataset.{unknown[0]} for dataset {name!r}; allowed: {', '.join(sorted(allowed))}"

@@ -57,6 +57,9 @@ class RunContext:
         trainer: Lightning Trainer keyword arguments (from ``conf/trainer``).
         logger: a Lightning logger or None.
         run_dir: the run directory (checkpoints go here).
+        public: the ``conf/public`` node (public models of paper 000), loaded on demand by :meth:`Method.public_models`.
+        cache_dir, data_dir: the run's ``paths`` (caches of trained public models; real checkpoints and data).
+        public_classes: class names of the public split's labels, or None.
     """
 
     seed: int
@@ -69,6 +72,10 @@ class RunContext:
     trainer: dict[str, Any] = field(default_factory=dict)
     logger: Any = None
     run_dir: Path | None = None
+    public: Any = None
+    cache_dir: str | None = None
+    data_dir: str | None = None
+    public_classes: list[str] | None = None
 
 
 class Method(ABC):
@@ -103,6 +110,15 @@ class Method(ABC):
         """Method-specific measurements added to result.json's metrics (e.g. attacks on the method's own
         discriminators): (values, per-value info). Default: none."""
         return {}, {}
+
+    def public_models(self) -> Any:
+        """The run's public models (encoder h, generator g; :mod:`dpsyn.public`), loaded from the cache or trained
+        on public data on first use (no privacy cost). Raises a clear error when a real checkpoint is missing."""
+        from dpsyn.public import load_public_models
+
+        if self.ctx.public is None:
+            raise ValueError(f"method {type(self).__name__} needs public models but the config has no `public` group")
+        return load_public_models(self.ctx.public, cache_dir=self.ctx.cache_dir or ".", data_dir=self.ctx.data_dir or ".")
 
     def uniform_labels(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """Labels spread evenly over the classes (a public choice: the private class proportions are not used)."""
