@@ -41,7 +41,7 @@ bench:
 	$(BIN)/python benchmarks/metrics_fidelity.py
 
 reproduce-tables:
-	$(BIN)/python -m dpsyn.cli.tables reproduce --profile $(PROFILE) $(if $(LAUNCHER),--launcher $(LAUNCHER))
+	$(BIN)/python -m dpsyn.cli.tables reproduce --profile $(PROFILE) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(ONLY),--only $(ONLY))
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -102,9 +102,9 @@ def test_plots_are_real_images(tmp_path: Path, spec: tables.TableSpec) -> None:
 
 @pytest.mark.parametrize("profile", cli_tables.PROFILES)
 def test_every_experiment_composes_for_every_profile(profile: str) -> None:
-    for spec_path in cli_tables.specs():
-        spec = tables.load_spec(spec_path)
-        cells = cli_tables.experiment_cells(cli_tables.experiment_for(spec.experiment, profile))
+    experiments = {cli_tables.experiment_for(tables.load_spec(p).experiment, profile): p for p in cli_tables.specs()}
+    for experiment, spec_path in experiments.items():  # specs may share an experiment: compose each once
+        cells = cli_tables.experiment_cells(experiment)
         assert cells, spec_path
         dirs = {c.run_dir for c in cells}
         assert len(dirs) == len(cells), "two cells share a run directory"
@@ -137,7 +137,7 @@ def test_reproduce_resumes_and_reruns_only_a_deleted_cell(
 
     env = {**os.environ, "DPSYN_OUTPUT_DIR": str(tmp_path / "out"), "DPSYN_CACHE_DIR": str(cache_dir)}
     cmd = [sys.executable, "-m", "dpsyn.cli.tables", "reproduce", "--out", str(tmp_path / "tables"),
-           "trainer=debug", "method=real", "eps=1,inf", "metrics.names.image=[fd]"]
+           "trainer=debug", "method=real", "eps=1,inf", "metrics.names.image=[fd]", "--only", "dpimagebench"]
 
     def reproduce() -> str:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_DIR, timeout=600)
@@ -161,3 +161,47 @@ def test_reproduce_resumes_and_reruns_only_a_deleted_cell(
     assert "| real |" in md
     with Image.open(tmp_path / "tables" / "dpimagebench_fmnist_embedded_fd_fmnist.png") as im:
         im.load()
+
+
+def test_owner_grid_table_and_figures(tmp_path: Path) -> None:
+    """Rajotte & Ng's grid spec: rows from a dotted list field, methods as columns, published row, figures."""
+    import numpy as np
+
+    spec = tables.load_spec(REPO_DIR / "experiments" / "rajotte2020" / "grid_fmnist.yaml")
+    assert not spec.privacy_utility and len(spec.figures) == 4
+    runs = tmp_path / "runs"
+    for method, bonus in (("privgan", 0.1), ("gan", 0.0)):
+        for f0 in (0.01, 0.5):
+            for f1 in (0.01, 0.05, 0.5):
+                acc = 0.3 + f0 + f1 / 2 + bonus
+                atomic_write_json(runs / method / f"{f0}_{f1}" / "result.json", {
+                    "method": method, "dataset": "fmnist", "seed": 0,
+                    "sample_provenance": {"owners": [f0, f1]},
+                    "metrics": {"acc": acc, "acc_owner0": acc - 0.1, "mia_wb_acc_max": 0.2 - bonus,
+                                "mia_wb_acc_mean": 0.15, "mia_wb_baseline": 0.1, "mia_mc_acc": 0.1}})
+    records = tables.scan_results(runs)
+    assert tables._field(records[0], "sample_provenance.owners") in {"0.01/0.01", "0.01/0.05", "0.01/0.5", "0.5/0.01",
+                                                                     "0.5/0.05", "0.5/0.5"}
+    assert tables._field(records[0], "sample_provenance.owners.5") is None
+    acc = spec.metrics[0]
+    cells = tables.build_cells(records, spec, acc)
+    assert cells[("0.5/0.05", "privgan")].mean == pytest.approx(0.3 + 0.5 + 0.025 + 0.1)
+    attack = next(m for m in spec.metrics if m.name == "mia_wb_acc_max")
+    header, body, _ = tables.table_rows(spec, attack, tables.build_cells(records, spec, attack))
+    pub = next(r for r in body if r[0].startswith("published"))
+    assert pub[header.index("method=gan published[1]")] == "0.466"  # the notebook's FMNIST number
+    written = cli_tables.build_tables(spec_path=REPO_DIR / "experiments" / "rajotte2020" / "grid_fmnist.yaml",
+                                      profile="embedded", out_dir=tmp_path / "out",
+                                      cells=[cli_tables.CellRun(("method=privgan",), p.parent)
+                                             for p in runs.rglob("result.json")])
+    names = {p.name for p in written}
+    assert "rajotte2020_grid_fmnist_embedded_fig5_utility_heatmap.png" in names
+    assert "rajotte2020_grid_fmnist_embedded_fig7_attack_vs_fraction.png" in names
+    assert not any(n.endswith("_acc.png") for n in names)  # no privacy-utility curve for method columns
+    img = np.asarray(Image.open(tmp_path / "out" / "rajotte2020_grid_fmnist_embedded_fig5_utility_heatmap.png"))
+    assert img.shape[0] > 100 and img.std() > 10
+    from dpsyn.results import plots
+
+    assert plots.figure({"kind": "curve", "metric": "nope", "x": "f"}, records, tmp_path / "x.png") is None
+    with pytest.raises(ValueError, match="unknown"):
+        plots.figure({"kind": "pie", "metric": "acc"}, records, tmp_path / "y.png")

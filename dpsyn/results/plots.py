@@ -118,3 +118,93 @@ def _tile(x: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
         imgs = np.concatenate([imgs, np.zeros((k * k - len(imgs), c, h, w), imgs.dtype)])
     grid = imgs.reshape(k, k, c, h, w).transpose(0, 3, 1, 4, 2).reshape(k * h, k * w, c)
     return grid[..., 0] if c == 1 else grid
+
+
+def _num(v: Any) -> float | None:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _grouped(results: list[dict[str, Any]], keys: list[str], metric: str,
+             select: dict[str, Any] | None = None) -> dict[tuple[Any, ...], list[float]]:
+    """The metric's values grouped by the given result fields (runs matching ``select`` only)."""
+    from collections import defaultdict
+
+    from dpsyn.results.tables import _field, _key
+
+    groups: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+    for r in results:
+        if any(_key(_field(r, k)) != _key(v) for k, v in (select or {}).items()):
+            continue
+        value = _num(_field(r, metric))
+        coords = tuple(_key(_field(r, k)) for k in keys)
+        if value is None or math.isnan(value) or any(c is None for c in coords):
+            continue
+        groups[coords].append(value)
+    return groups
+
+
+def figure(fig_spec: dict[str, Any], results: list[dict[str, Any]], path: str | Path, *, title: str = "") -> Path | None:
+    """One figure of a table spec's ``figures`` list, from the runs' result.json records (None if no run has data).
+
+    ``kind: heatmap`` — the mean of ``metric`` over runs on the grid of two fields ``x`` and ``y`` (each cell
+    annotated; grid values evenly spaced, i.e. log axes for a log-spaced grid, as Rajotte & Ng's Fig. 5).
+    ``kind: curve`` — ``metric`` (mean ± std over the runs sharing a point) against field ``x``, one line per value of
+    field ``by``; ``baseline`` names a metric drawn as a dashed line (e.g. an attack's random-guess rate); ``log: true``
+    puts x on a log scale. Both take ``select`` (field: value) to restrict the runs and ``label`` for the metric axis.
+    """
+    kind, metric = fig_spec.get("kind"), fig_spec["metric"]
+    label = fig_spec.get("label", metric)
+    select = fig_spec.get("select")
+    plt = _plt()
+    if kind == "heatmap":
+        g = _grouped(results, [fig_spec["x"], fig_spec["y"]], metric, select)
+        if not g:
+            return None
+        xs = sorted({k[0] for k in g}, key=lambda v: (_num(v) is None, _num(v) or 0, str(v)))
+        ys = sorted({k[1] for k in g}, key=lambda v: (_num(v) is None, _num(v) or 0, str(v)))
+        grid = np.full((len(ys), len(xs)), np.nan)
+        for (x, y), vals in g.items():
+            grid[ys.index(y), xs.index(x)] = float(np.mean(vals))
+        fig, ax = plt.subplots(figsize=(1.2 * len(xs) + 2.5, 1.0 * len(ys) + 2.0))
+        im = ax.imshow(grid, origin="lower", cmap=fig_spec.get("cmap", "viridis"), aspect="auto")
+        for i in range(len(ys)):
+            for j in range(len(xs)):
+                if not np.isnan(grid[i, j]):
+                    ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                            color="w" if grid[i, j] < np.nanmean(grid) else "k")
+        ax.set_xticks(range(len(xs)), [fmt_col(v) for v in xs])
+        ax.set_yticks(range(len(ys)), [fmt_col(v) for v in ys])
+        ax.set_xlabel(fig_spec.get("x_label", fig_spec["x"]))
+        ax.set_ylabel(fig_spec.get("y_label", fig_spec["y"]))
+        fig.colorbar(im, ax=ax, label=label)
+    elif kind == "curve":
+        by = fig_spec.get("by")
+        g = _grouped(results, [by, fig_spec["x"]] if by else [fig_spec["x"]], metric, select)
+        if not g:
+            return None
+        fig, ax = plt.subplots(figsize=(6.0, 4.0))
+        lines = sorted({k[0] for k in g}, key=str) if by else [None]
+        for i, line in enumerate(lines):
+            pts = sorted((_num(k[-1]), v) for k, v in g.items() if (not by or k[0] == line) and _num(k[-1]) is not None)
+            ax.errorbar([p[0] for p in pts], [float(np.mean(p[1])) for p in pts],
+                        yerr=[float(np.std(p[1], ddof=1)) if len(p[1]) > 1 else 0.0 for p in pts],
+                        marker="o", capsize=3, color=f"C{i}", label=str(line) if by else metric)
+        if fig_spec.get("baseline"):
+            b = _grouped(results, [fig_spec["x"]], fig_spec["baseline"], select)
+            pts = sorted((_num(k[0]), float(np.mean(v))) for k, v in b.items() if _num(k[0]) is not None)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "k--", label=fig_spec.get("baseline_label", "random guess"))
+        if fig_spec.get("log", False):
+            ax.set_xscale("log")
+        ax.set_xlabel(fig_spec.get("x_label", fig_spec["x"]))
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    else:
+        raise ValueError(f"figure kind={kind!r}: unknown; allowed: heatmap, curve")
+    ax.set_title(f"{title}\n{fig_spec.get('title', label)}", fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)

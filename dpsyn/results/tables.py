@@ -56,6 +56,8 @@ class TableSpec:
     metrics: list[MetricSpec]
     published: list[PublishedSpec] = field(default_factory=list)
     row_order: list[str] = field(default_factory=list)
+    privacy_utility: bool = True  # draw metric-vs-eps curves (off when the columns are not epsilons)
+    figures: list[dict[str, Any]] = field(default_factory=list)  # extra plots (see dpsyn.results.plots.figure)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,8 @@ def load_spec(path: str | Path) -> TableSpec:
             for p in raw.get("published") or []
         ],
         row_order=[str(r) for r in raw.get("row_order") or []],
+        privacy_utility=bool(raw.get("privacy_utility", True)),
+        figures=[dict(f) for f in raw.get("figures") or []],
     )
 
 
@@ -125,10 +129,24 @@ def scan_results(root: str | Path) -> list[dict[str, Any]]:
 
 
 def _field(rec: dict[str, Any], name: str) -> Any:
-    """A result field by name: top level, then metrics."""
+    """A result field by name: top level, then metrics, then a dotted path (``sample_provenance.owners.0``; integer
+    parts index lists). A list value is returned as a label joined by "/" (``[0.01, 0.5]`` -> ``"0.01/0.5"``)."""
     if name in rec:
-        return rec[name]
-    return rec.get("metrics", {}).get(name)
+        value = rec[name]
+    elif name in rec.get("metrics", {}):
+        value = rec["metrics"][name]
+    else:
+        value = rec
+        for part in name.split("."):
+            if isinstance(value, dict):
+                value = value.get(part)
+            elif isinstance(value, list) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+                value = value[int(part)]
+            else:
+                return None
+    if isinstance(value, list):
+        return "/".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    return value
 
 
 def select_runs(results: Iterable[dict[str, Any]], spec: TableSpec) -> list[dict[str, Any]]:
