@@ -167,3 +167,13 @@ def test_decentralized_mode_sends_only_central_discriminator_updates(make_cfg, t
         assert len(sent) == steps * len(allowed)
         assert all(allowed.get(t["name"]) == t["shape"] for t in sent), "a tensor other than D_p's gradient was sent"
     assert not list((tmp_path / "run" / "owners").glob("*_data.npz")), "owners' data copies must not outlive training"
+
+
+def test_attack_pool_keeps_the_random_guess_rate_on_a_small_dataset(make_cfg, tmp_path: Path) -> None:
+    """digits has few held-out rows: members are capped so the pool keeps 9 non-members per member (rate 0.1)."""
+    cfg = make_cfg("method=privgan", "dataset=digits", "method.owners=[0.5,0.5]", "method.per_class=false",
+                   "metrics.names.image=[]", "metrics.n_samples=40")
+    result = run(cfg, tmp_path / "run")
+    assert result["metrics"]["mia_wb_baseline"] == pytest.approx(0.1)
+    n_eval = int(result["metric_info"]["mia_wb_acc_max"]["non_members"].split()[0])
+    assert result["metric_info"]["mia_wb_acc_max"]["members"].startswith(f"{n_eval // 9} of") and n_eval < 500 * 9

@@ -187,8 +187,11 @@ class PrivGAN(Method):
         a = self.cfg.attack
         rng = np.random.default_rng(self.ctx.seed)
         members_all = np.concatenate(self.owner_idx)
-        n_mem = min(int(a.n_members), len(members_all))
-        n_non = min(int(round(n_mem * float(a.non_member_ratio))), len(data.eval))
+        ratio = float(a.non_member_ratio)
+        # as many members as the held-out split allows at the stated ratio, so the random-guess rate is the same
+        # 1 / (1 + ratio) at every owner fraction and on small datasets (digits: 359 eval rows -> 39 members)
+        n_mem = max(1, min(int(a.n_members), len(members_all), int(len(data.eval) // ratio)))
+        n_non = min(int(round(n_mem * ratio)), len(data.eval))
         mem = rng.choice(members_all, size=n_mem, replace=False)
         non = rng.choice(len(data.eval), size=n_non, replace=False)
         x = np.concatenate([self.private.x[mem], data.eval.x[non]])
