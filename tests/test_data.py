@@ -540,3 +540,45 @@ def test_attribute_config_and_json_info(fake_fmnist) -> None:
     assert info["files"]["train_images"].endswith("train-images-idx3-ubyte.gz")
     table = load_dataset(dataset_cfg("breast_cancer"), seed=0, data_dir=root)
     assert json.loads(json.dumps(table.info))["sizes"]["private"] == len(table.private)
+
+
+def write_fake_imagenet_val(root: Path) -> list[str]:
+    """Two class folders of JPEGs of different sizes, as ILSVRC2012's validation set sorted into class folders."""
+    from PIL import Image
+
+    wnids = ["n01440764", "n01443537"]
+    rng = np.random.default_rng(3)
+    for k, wnid in enumerate(wnids):
+        folder = root / "imagenet" / "val" / wnid
+        folder.mkdir(parents=True)
+        for i, size in enumerate([(64, 48), (40, 80), (33, 33)]):
+            pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"ILSVRC2012_val_{k}{i:07d}.JPEG", format="JPEG")
+    return wnids
+
+
+def test_cifar10_with_imagenet_val_as_public_data(tmp_path: Path) -> None:
+    write_fake_cifar10(tmp_path)
+    with pytest.raises(FileNotFoundError, match="ILSVRC2012"):
+        load_dataset(dataset_cfg("cifar10", public="imagenet_val"), seed=0, data_dir=tmp_path)
+    wnids = write_fake_imagenet_val(tmp_path)
+    bundle = load_dataset(dataset_cfg("cifar10", public="imagenet_val"), seed=0, data_dir=tmp_path)
+    assert bundle.public.x.shape == (6, 3, 32, 32) and bundle.public.x.dtype == np.float32
+    assert 0 <= bundle.public.x.min() and bundle.public.x.max() <= 1 and bundle.public.x.std() > 0.1
+    assert bundle.public.y.tolist() == [0, 0, 0, 1, 1, 1] and bundle.public_classes == wnids
+    few = load_dataset(dataset_cfg("cifar10", public="imagenet_val", n_public=4), seed=0, data_dir=tmp_path)
+    assert len(few.public) == 4
+    assert load_dataset(dataset_cfg("cifar10"), seed=0, data_dir=tmp_path).public is None
+
+
+def test_paper000_on_cifar10_fails_only_where_a_checkpoint_is_missing(tmp_path: Path, make_cfg) -> None:
+    """dp_dre on cifar10 composes with ImageNet public data and models; with the data present, it stops at the
+    missing SwAV checkpoint and says what to download."""
+    from dpsyn.cli.train import run
+
+    cfg = make_cfg("method=dp_dre", "dataset=cifar10", "eps=1")
+    assert cfg.dataset.public == "imagenet_val" and cfg.public.name == "imagenet"
+    write_fake_cifar10(Path(cfg.paths.data_dir))
+    write_fake_imagenet_val(Path(cfg.paths.data_dir))
+    with pytest.raises(FileNotFoundError, match="swav_800ep_pretrain"):
+        run(cfg, tmp_path / "run")

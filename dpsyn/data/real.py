@@ -10,6 +10,7 @@ the config says ``download: true``. Neither has public data by default.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import numpy as np
 from dpsyn.data.base import DataBundle, Split
 from dpsyn.data.common import (
     DATASETS,
+    adapt_images,
     cfg_get,
     check_config,
     finish_image_bundle,
@@ -232,6 +234,52 @@ def read_cifar10(data_dir: str | Path, *, download: bool = False) -> ImageArrays
     return ImageArrays(train_x, train_y, test_x, test_y, classes, {n: str(folder / n) for n in names})
 
 
+# ------------------------------------------------------------------------------------------- ImageNet (public)
+
+IMAGENET_VAL_DIR = "imagenet/val"
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
+
+
+def read_imagenet_val(data_dir: str | Path, *, resolution: int, n: int | None = None, seed: int = 0
+                      ) -> tuple[np.ndarray, np.ndarray, list[str], str]:
+    """ImageNet's validation images as public data (paper 000's public pool), from ``data_dir/imagenet/val`` in
+    class folders (``val/<wnid>/*.JPEG``, the layout of torchvision's ``ImageFolder``), resized to ``resolution``
+    (shorter side, centre crop) as uint8 RGB (N, 3, H, W).
+
+    Args:
+        n: read a seeded subsample of this many images (None = all 50k).
+
+    Returns:
+        (images, labels, class folder names, folder).
+
+    Raises:
+        FileNotFoundError: the folder is missing or holds no class folder with images (the message says what to get).
+    """
+    from PIL import Image
+
+    folder = Path(data_dir) / IMAGENET_VAL_DIR
+    hint = ("download the ILSVRC2012 validation images (ILSVRC2012_img_val.tar, image-net.org, needs an account), "
+            f"sort them into one folder per class (e.g. with the valprep.sh script) and put the class folders in {folder}")
+    classes = sorted(d.name for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
+    files = [(f, k) for k, c in enumerate(classes) for f in sorted((folder / c).iterdir())
+             if f.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise FileNotFoundError(f"ImageNet validation images not found in {folder}; {hint}")
+    if n is not None and n < len(files):
+        pick = np.sort(np.random.default_rng(seed).choice(len(files), size=n, replace=False))
+        files = [files[i] for i in pick]
+    x = np.empty((len(files), 3, resolution, resolution), np.uint8)
+    for i, (f, _) in enumerate(files):
+        with Image.open(f) as im:
+            im = im.convert("RGB")
+            scale = resolution / min(im.size)
+            im = im.resize((max(resolution, round(im.size[0] * scale)), max(resolution, round(im.size[1] * scale))),
+                           Image.BILINEAR)
+            left, top = (im.size[0] - resolution) // 2, (im.size[1] - resolution) // 2
+            x[i] = np.asarray(im.crop((left, top, left + resolution, top + resolution))).transpose(2, 0, 1)
+    return x, np.array([k for _, k in files], np.int64), classes, str(folder)
+
+
 # --------------------------------------------------------------------------------------------------------- loaders
 
 
@@ -279,6 +327,16 @@ def load_mnist(cfg: Any, *, seed: int, data_dir: Path) -> DataBundle:
 @DATASETS.register("cifar10")
 def load_cifar10(cfg: Any, *, seed: int, data_dir: Path) -> DataBundle:
     """``cifar10``: private = the 50k train split, eval = the 10k test split (32x32 RGB), no public data."""
-    check_config(cfg, kind="image", family="cifar10", public_options=(None,), class_names=CIFAR10_CLASSES)
+    check_config(cfg, kind="image", family="cifar10", public_options=(None, "imagenet_val"),
+                 class_names=CIFAR10_CLASSES, extra_keys=("n_public",))
     arrays = read_cifar10(data_dir, download=bool(cfg_get(cfg, "download", False)))
-    return _load_real(cfg, seed=seed, arrays=arrays, family="cifar10")
+    bundle = _load_real(cfg, seed=seed, arrays=arrays, family="cifar10")
+    if cfg_get(cfg, "public") != "imagenet_val":
+        return bundle
+    # paper 000's public data: ImageNet validation images at CIFAR-10's resolution (the public models' domain)
+    x, y, wnids, folder = read_imagenet_val(data_dir, resolution=32, n=cfg_get(cfg, "n_public"), seed=0)
+    public = Split(adapt_images(to_float_images(x), resolution=cfg_get(cfg, "resolution"),
+                                channels=cfg_get(cfg, "channels")), y, np.arange(len(y)))
+    info = {**bundle.info, "public": "imagenet_val", "public_files": folder}
+    info["sizes"] = {**info.get("sizes", {}), "public": len(public)}
+    return dataclasses.replace(bundle, public=public, public_classes=wnids, info=info)
