@@ -177,3 +177,19 @@ def test_attack_pool_keeps_the_random_guess_rate_on_a_small_dataset(make_cfg, tm
     assert result["metrics"]["mia_wb_baseline"] == pytest.approx(0.1)
     n_eval = int(result["metric_info"]["mia_wb_acc_max"]["non_members"].split()[0])
     assert result["metric_info"]["mia_wb_acc_max"]["members"].startswith(f"{n_eval // 9} of") and n_eval < 500 * 9
+
+
+@pytest.mark.slow
+def test_decentralized_per_class_models_train_one_process_group_per_class(make_cfg, tmp_path: Path) -> None:
+    """The default per-class models in the decentralized mode: one transport log per class and owner, each holding
+    only D_p gradients, and the owners' models of every class loaded back for sampling and attacks."""
+    import json
+
+    cfg = make_cfg("method=privgan", "method.mode=decentralized", "method.owners=[0.005,0.01]", "method.epochs=1",
+                   "method.batch_size=64", "trainer.max_epochs=null", "metrics.names.image=[]", "metrics.n_samples=40")
+    result = run(cfg, tmp_path / "run")
+    assert {"mia_wb_acc_max", "mia_mc_acc", "acc_owner0"} <= set(result["metrics"])
+    for c in range(10):
+        for k in range(2):
+            sent = json.loads((tmp_path / "run" / "owners" / f"class{c}" / f"transport_owner{k}.json").read_text())
+            assert sent and all(t["name"].startswith("Dp.") and t["name"].endswith(".grad") for t in sent)

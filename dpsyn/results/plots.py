@@ -205,6 +205,8 @@ def figure(fig_spec: dict[str, Any], results: list[dict[str, Any]], path: str | 
         ax.legend(fontsize=7)
     else:
         raise ValueError(f"figure kind={kind!r}: unknown; allowed: heatmap, curve")
-    ax.set_title(f"{title}\n{fig_spec.get('title', label)}", fontsize=8)
+    import textwrap
+
+    ax.set_title(textwrap.fill(f"{title}", 80) + f"\n{fig_spec.get('title', label)}", fontsize=8)
     fig.tight_layout()
     return _save(fig, path)
