@@ -5,6 +5,9 @@ Public API (keyword-only arguments, Opacus's names):
 * :func:`gaussian_sigma` — Gaussian mechanism calibration ("classic" paper-000 formula or "analytic" Balle & Wang).
 * :func:`gdp_epsilon` / :func:`gdp_noise_multiplier` — T adaptive Gaussian releases, exact mu-GDP (PE's accounting).
 * :func:`dpsgd_epsilon` / :func:`dpsgd_noise_multiplier` — DP-SGD over Opacus's accountants (:data:`ACCOUNTANTS`).
+* :func:`pate_epsilon` / :func:`pate_privacy` — Confident-GNMax RDP (PATE 2018), data-dependent or not;
+  :func:`confident_gnmax` the mechanism (torch); :func:`pate_max_queries` the queries a budget allows;
+  :func:`pate_smooth_release` the smooth-sensitivity release of the data-dependent epsilon.
 * :class:`PrivacyLedger` and its events — every release recorded, composed, saved as ``privacy.json``.
 * :func:`dp_generator` / :func:`dp_numpy_generator` — generators for DP noise, seeded from OS entropy.
 
@@ -30,20 +33,57 @@ from dpsyn.privacy.ledger import (
     NonPrivateEvent,
     PrivacyEvent,
     PrivacyLedger,
+    PATEEvent,
     SampledGaussianEvent,
 )
 from dpsyn.privacy.noise import dp_generator, dp_numpy_generator
+from dpsyn.privacy.pate import (
+    PATE_BOUNDS,
+    PATE_RELEASES,
+    PATEPrivacy,
+    PATESmoothRelease,
+    check_smooth_sensitivity_conditions,
+    confident_gnmax,
+    confident_gnmax_rdp,
+    gnmax_local_sensitivity,
+    gnmax_logq,
+    gnmax_rdp,
+    gnmax_rdp_data_independent,
+    gnmax_rdp_from_logq,
+    gnss_rdp,
+    pate_bound_for_release,
+    pate_data_independent_epsilon,
+    pate_epsilon,
+    pate_local_sensitivity,
+    pate_max_queries,
+    pate_privacy,
+    pate_smooth_release,
+    rdp_to_epsilon,
+    smooth_sensitivity,
+    threshold_local_sensitivity,
+    threshold_logpr_answered,
+    threshold_rdp,
+    threshold_rdp_data_independent,
+)
 
 __all__ = [
     "ACCOUNTANTS",
     "CALIBRATIONS",
+    "PATE_BOUNDS",
+    "PATE_RELEASES",
     "ApproxDPEvent",
     "BudgetExceededError",
     "GaussianEvent",
     "NonPrivateEvent",
+    "PATEEvent",
+    "PATEPrivacy",
+    "PATESmoothRelease",
     "PrivacyEvent",
     "PrivacyLedger",
     "SampledGaussianEvent",
+    "check_smooth_sensitivity_conditions",
+    "confident_gnmax",
+    "confident_gnmax_rdp",
     "dp_generator",
     "dp_numpy_generator",
     "dpsgd_epsilon",
@@ -55,4 +95,23 @@ __all__ = [
     "gdp_epsilon_from_mu",
     "gdp_mu",
     "gdp_noise_multiplier",
+    "gnmax_local_sensitivity",
+    "gnmax_logq",
+    "gnmax_rdp",
+    "gnmax_rdp_data_independent",
+    "gnmax_rdp_from_logq",
+    "gnss_rdp",
+    "pate_bound_for_release",
+    "pate_data_independent_epsilon",
+    "pate_epsilon",
+    "pate_local_sensitivity",
+    "pate_max_queries",
+    "pate_privacy",
+    "pate_smooth_release",
+    "rdp_to_epsilon",
+    "smooth_sensitivity",
+    "threshold_local_sensitivity",
+    "threshold_logpr_answered",
+    "threshold_rdp",
+    "threshold_rdp_data_independent",
 ]

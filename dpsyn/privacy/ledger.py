@@ -11,16 +11,27 @@ Event kinds (each a dataclass with a ``kind`` and its parameters, JSON-serialisa
 * :class:`SampledGaussianEvent`: a DP-SGD run (Poisson-subsampled Gaussian), its steps growing as training goes.
 * :class:`ApproxDPEvent`: a mechanism already calibrated to ``(epsilon, delta)`` (classic Gaussian, Laplace, ...).
 * :class:`NonPrivateEvent`: a release without DP (epsilon = inf).
+* :class:`PATEEvent`: Confident-GNMax queries to a teacher ensemble (G-PATE, PATE-GAN), growing as training goes.
 
 Composition in :meth:`PrivacyLedger.epsilon` (the simplest exact-enough rule that applies):
 
 1. any non-private event: ``inf``;
 2. approximate-DP events compose by basic composition: their epsilons add and their deltas are taken from the
-   delta available to the other events;
+   delta available to the other events (a Laplace release of class counts, as G-PATE's and PATE-GAN's tabular
+   two-step class-ratio release, is ``ApproxDPEvent(epsilon=..., delta=0.0)``);
 3. the other events: only Gaussian events -> exact GDP; a single DP-SGD event -> its own accountant (rdp/prv);
-   otherwise RDP composition at dpsyn's orders (:func:`dpsyn.privacy.dpsgd.rdp_orders`): Opacus's sampled
-   Gaussian RDP for DP-SGD, ``count * alpha/(2 nm^2)`` for Gaussian events, converted with Opacus's
-   ``get_privacy_spent``.
+   otherwise (and whenever a PATE event has queries) RDP composition at dpsyn's orders
+   (:func:`dpsyn.privacy.dpsgd.rdp_orders`): Opacus's sampled Gaussian RDP for DP-SGD, ``count * alpha/(2 nm^2)``
+   for Gaussian events, each PATE event's RDP curve (:meth:`PATEEvent.rdp`), converted with Opacus's
+   ``get_privacy_spent`` (Balle et al. 2020).
+
+Recording PATE queries (one event per teacher ensemble, queries added per batch)::
+
+    event_id = ledger.add(PATEEvent(sigma_threshold=3000.0, sigma=1000.0, threshold=2000.0,
+                                    bound="data_independent", label="G-PATE gradient votes"))
+    answered, label = confident_gnmax(votes, sigma_threshold=..., sigma=..., threshold=..., generator=gen)
+    ledger.record_pate_queries(event_id, votes, answered)   # before the answers are used
+    ledger.check_within_budget()
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -52,6 +63,13 @@ from dpsyn.privacy.gaussian import (
     _check_positive,
     gaussian_rdp,
     gdp_epsilon_from_mu,
+)
+from dpsyn.privacy.pate import (
+    PATE_BOUNDS,
+    PATESmoothRelease,
+    check_pate_bound,
+    confident_gnmax_rdp,
+    gnss_rdp,
 )
 
 logger = logging.getLogger(__name__)
@@ -219,8 +237,146 @@ class NonPrivateEvent(PrivacyEvent):
         self.label = _check_label(self.label)
 
 
+_SMOOTH_KEYS = tuple(PATESmoothRelease.__dataclass_fields__)
+
+
+@dataclass(kw_only=True)
+class PATEEvent(PrivacyEvent):
+    """Confident-GNMax queries to one teacher ensemble (Papernot et al. 2018; :mod:`dpsyn.privacy.pate`).
+
+    The queries grow in place as training goes (:meth:`add_queries` or :meth:`PrivacyLedger.record_pate_queries`),
+    which also accumulates their data-dependent RDP at ``orders`` (the votes themselves are not kept). ``bound``
+    says which RDP the ledger's epsilon uses:
+
+    * ``"data_independent"``: ``queries * (alpha/(2 sigma_threshold^2) + alpha/sigma^2)``: every query charged
+      the threshold check and GNMax (whether it was answered depends on the data); the default, a true DP bound.
+    * ``"data_dependent"``: the accumulated data-dependent RDP (threshold for every query, GNMax for the answered
+      ones), as Papernot et al. and G-PATE report; it depends on the votes, so publishing it is not private unless
+      it goes through a smooth-sensitivity release (:meth:`PrivacyLedger.record_pate_smooth_release`).
+
+    A smooth-sensitivity release, once recorded in ``smooth_release``, adds its own RDP (Thm 23) to the event's.
+
+    Attributes:
+        sigma_threshold: Std of the noise on the maximum count (G-PATE's sigma1), > 0.
+        sigma: Std of the GNMax noise on each count (G-PATE's sigma2), > 0.
+        threshold: The threshold ``T`` on the noisy maximum count.
+        bound: ``"data_independent"`` or ``"data_dependent"``.
+        queries: Queries made so far, >= 0.
+        answered: Of which answered, ``0 <= answered <= queries``.
+        orders: The RDP orders of ``rdp_data_dependent`` (dpsyn's :func:`~dpsyn.privacy.dpsgd.rdp_orders` by
+            default; the ledger composes at those).
+        rdp_data_dependent: Accumulated data-dependent RDP, one value per order (zeros by default).
+        smooth_release: The smooth-sensitivity release's :meth:`~dpsyn.privacy.pate.PATESmoothRelease.to_dict`,
+            or None.
+        label: Free text saying what was queried.
+    """
+
+    kind: ClassVar[str] = "pate"
+    sigma_threshold: float
+    sigma: float
+    threshold: float
+    bound: str = "data_independent"
+    queries: int = 0
+    answered: int = 0
+    orders: list[float] = field(default_factory=list)
+    rdp_data_dependent: list[float] = field(default_factory=list)
+    smooth_release: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.sigma_threshold = _check_positive("sigma_threshold", self.sigma_threshold)
+        self.sigma = _check_positive("sigma", self.sigma)
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(float(t)):
+            raise ValueError(f"threshold must be a finite real number, got {t!r}")
+        self.threshold = float(t)
+        check_pate_bound(self.bound)
+        self.queries = _check_count("queries", self.queries)
+        self.answered = _check_count("answered", self.answered)
+        if self.answered > self.queries:
+            raise ValueError(f"answered ({self.answered}) cannot exceed queries ({self.queries})")
+        if not isinstance(self.orders, (list, tuple)) or not isinstance(self.rdp_data_dependent, (list, tuple)):
+            raise ValueError("orders and rdp_data_dependent must be lists of numbers")
+        self.orders = [float(a) for a in self.orders] or rdp_orders()
+        if not all(a > 1 and math.isfinite(a) for a in self.orders):
+            raise ValueError(f"RDP orders must be finite numbers > 1, got {self.orders!r}")
+        self.rdp_data_dependent = [float(r) for r in self.rdp_data_dependent] or [0.0] * len(self.orders)
+        if len(self.rdp_data_dependent) != len(self.orders):
+            raise ValueError(
+                f"rdp_data_dependent has {len(self.rdp_data_dependent)} values for {len(self.orders)} orders"
+            )
+        if not all(r >= 0 and math.isfinite(r) for r in self.rdp_data_dependent):
+            raise ValueError("rdp_data_dependent must hold finite values >= 0")
+        # The data-dependent bound never exceeds the data-independent one (a corrupted privacy.json would).
+        independent = self._rdp_data_independent(np.asarray(self.orders))
+        if np.any(np.asarray(self.rdp_data_dependent) > independent * (1 + 1e-9) + 1e-300):
+            raise ValueError("rdp_data_dependent exceeds the data-independent bound of the recorded queries")
+        if self.smooth_release is not None:
+            if not isinstance(self.smooth_release, Mapping) or set(self.smooth_release) != set(_SMOOTH_KEYS):
+                raise ValueError(f"smooth_release must be a mapping with keys {sorted(_SMOOTH_KEYS)}")
+            self.smooth_release = dict(self.smooth_release)
+        self.label = _check_label(self.label)
+
+    def _rdp_data_independent(self, orders: np.ndarray) -> np.ndarray:
+        return self.queries * (orders / (2.0 * self.sigma_threshold**2) + orders / self.sigma**2)
+
+    def add_queries(self, votes: Any, answered: Any) -> None:
+        """Record a batch of queries: their number, how many were answered, and their data-dependent RDP.
+
+        Args:
+            votes: Vote counts, shape (queries, bins) (numpy or torch, any device).
+            answered: Which queries were answered, shape (queries,) (the mechanism's first output).
+
+        Raises:
+            ValueError: On invalid votes or flags, or once a smooth-sensitivity release has been recorded.
+        """
+        if self.smooth_release is not None:
+            raise ValueError("this PATE event's RDP was already released with smooth sensitivity: add a new event")
+        from dpsyn.privacy.pate import _check_answered, _check_votes
+
+        v = _check_votes(votes)
+        mask = _check_answered(answered, v.shape[0])
+        rdp = confident_gnmax_rdp(
+            votes=v,
+            sigma_threshold=self.sigma_threshold,
+            sigma=self.sigma,
+            threshold=self.threshold,
+            orders=self.orders,
+            answered=mask,
+        )
+        self.rdp_data_dependent = [float(a + b) for a, b in zip(self.rdp_data_dependent, rdp)]
+        self.queries += int(v.shape[0])
+        self.answered += int(mask.sum())
+
+    def rdp(self, orders: Sequence[float]) -> np.ndarray:
+        """This event's RDP at ``orders`` under its ``bound`` (plus a recorded smooth release's cost).
+
+        Raises:
+            ValueError: If the data-dependent bound is asked at orders other than those it was recorded at.
+        """
+        alphas = np.asarray(orders, dtype=np.float64)
+        if self.bound == "data_independent":
+            out = self._rdp_data_independent(alphas)
+        else:
+            if [float(a) for a in alphas] != self.orders:
+                raise ValueError(
+                    f"PATE event {self.label!r} holds its data-dependent RDP at other orders than the ledger's "
+                    f"({len(self.orders)} vs {len(alphas)} orders)"
+                )
+            out = np.asarray(self.rdp_data_dependent, dtype=np.float64)
+        if self.smooth_release is not None:
+            out = out + gnss_rdp(
+                beta=self.smooth_release["beta"], sigma_ss=self.smooth_release["sigma_ss"], orders=alphas
+            )
+        return out
+
+    @property
+    def spends(self) -> bool:
+        """Whether the event has spent anything (queries made, or a smooth release recorded)."""
+        return self.queries > 0 or self.smooth_release is not None
+
+
 EVENT_KINDS: dict[str, type[PrivacyEvent]] = {
-    cls.kind: cls for cls in (GaussianEvent, SampledGaussianEvent, ApproxDPEvent, NonPrivateEvent)
+    cls.kind: cls for cls in (GaussianEvent, SampledGaussianEvent, ApproxDPEvent, NonPrivateEvent, PATEEvent)
 }
 
 
@@ -256,10 +412,13 @@ class _Plan:
     approx: list[ApproxDPEvent] = field(default_factory=list)
     gaussian: list[GaussianEvent] = field(default_factory=list)
     sampled: list[SampledGaussianEvent] = field(default_factory=list)
+    pate: list[PATEEvent] = field(default_factory=list)
 
     @property
     def rest(self) -> str:
         """Which rule composes the non-approximate events: "none", "gdp", "single", or "rdp"."""
+        if self.pate:
+            return "rdp"
         if not self.gaussian and not self.sampled:
             return "none"
         if not self.sampled:
@@ -313,10 +472,10 @@ class PrivacyLedger:
 
         Args:
             event: One of :class:`GaussianEvent`, :class:`SampledGaussianEvent`, :class:`ApproxDPEvent`,
-                :class:`NonPrivateEvent`.
+                :class:`NonPrivateEvent`, :class:`PATEEvent`.
 
         Returns:
-            The event id (its index), for :meth:`record_steps`.
+            The event id (its index), for :meth:`record_steps` and :meth:`record_pate_queries`.
 
         Raises:
             ValueError: If ``event`` is not a privacy event.
@@ -333,12 +492,60 @@ class PrivacyLedger:
         Raises:
             ValueError: If ``event_id`` is not the id of a :class:`SampledGaussianEvent`, or ``n`` is invalid.
         """
-        if isinstance(event_id, bool) or not isinstance(event_id, int) or not 0 <= event_id < len(self._events):
-            raise ValueError(f"no event with id {event_id!r} (the ledger has {len(self._events)} events)")
-        event = self._events[event_id]
+        event = self._event(event_id)
         if not isinstance(event, SampledGaussianEvent):
             raise ValueError(f"event {event_id} is a {event.kind!r} event, not a DP-SGD ('sampled_gaussian') one")
         event.add_steps(n)
+
+    def _event(self, event_id: int) -> PrivacyEvent:
+        if isinstance(event_id, bool) or not isinstance(event_id, int) or not 0 <= event_id < len(self._events):
+            raise ValueError(f"no event with id {event_id!r} (the ledger has {len(self._events)} events)")
+        return self._events[event_id]
+
+    def _pate_event(self, event_id: int) -> PATEEvent:
+        event = self._event(event_id)
+        if not isinstance(event, PATEEvent):
+            raise ValueError(f"event {event_id} is a {event.kind!r} event, not a PATE ('pate') one")
+        return event
+
+    def record_pate_queries(self, event_id: int, votes: Any, answered: Any) -> None:
+        """Add a batch of Confident-GNMax queries to the PATE event ``event_id`` (see :meth:`PATEEvent.add_queries`).
+
+        Call it once per batch, with the votes the mechanism saw and its ``answered`` output, before the answers
+        are used; then :meth:`check_within_budget` stops a run that would overspend.
+
+        Args:
+            event_id: The id :meth:`add` returned for a :class:`PATEEvent`.
+            votes: Vote counts, shape (queries, bins) (numpy or torch, any device).
+            answered: Which queries were answered, shape (queries,).
+
+        Raises:
+            ValueError: If ``event_id`` is not a PATE event's id, or on invalid votes or flags.
+        """
+        self._pate_event(event_id).add_queries(votes, answered)
+
+    def record_pate_smooth_release(self, event_id: int, release: PATESmoothRelease) -> None:
+        """Record a smooth-sensitivity release (:func:`dpsyn.privacy.pate.pate_smooth_release`) of a PATE event.
+
+        The release's own RDP (Thm 23, at every order below ``1/(2 beta)``) is added to the event's from then on;
+        the event takes no more queries. The published (noisy) epsilon is kept in the event for reporting; the
+        ledger's epsilon stays the upper bound of its ``bound`` plus the release's cost.
+
+        Raises:
+            ValueError: If ``event_id`` is not a PATE event's id, the release covers another number of queries or
+                answers than the event, or a release was already recorded.
+        """
+        event = self._pate_event(event_id)
+        if not isinstance(release, PATESmoothRelease):
+            raise ValueError(f"release must be a PATESmoothRelease (pate_smooth_release), got {release!r}")
+        if event.smooth_release is not None:
+            raise ValueError(f"PATE event {event_id} already has a smooth-sensitivity release")
+        if (release.queries, release.answered) != (event.queries, event.answered):
+            raise ValueError(
+                f"the release covers {release.queries} queries ({release.answered} answered) but event {event_id} "
+                f"recorded {event.queries} ({event.answered} answered)"
+            )
+        event.smooth_release = release.to_dict()
 
     # ---- composition -------------------------------------------------------------------------------------------
 
@@ -355,6 +562,9 @@ class PrivacyLedger:
             elif isinstance(event, SampledGaussianEvent):
                 if event.steps > 0:
                     plan.sampled.append(event)
+            elif isinstance(event, PATEEvent):
+                if event.spends:
+                    plan.pate.append(event)
         return plan
 
     @property
@@ -421,6 +631,10 @@ class PrivacyLedger:
             )
         for g in plan.gaussian:
             rdp += g.count * gaussian_rdp(noise_multiplier=g.noise_multiplier, orders=orders)
+        for p in plan.pate:
+            rdp += p.rdp(orders)
+        if np.all(np.isinf(rdp)):
+            return math.inf
         with _quiet_opacus():
             eps, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
         # The conversion can dip below 0 for delta close to 1; epsilon is never negative.
@@ -430,7 +644,9 @@ class PrivacyLedger:
         """Which accountant :meth:`epsilon` uses, for result rows.
 
         E.g. ``"rdp (opacus 1.6.0, orders 1.1-1024), poisson sampling"``, ``"prv (opacus 1.6.0), poisson sampling"``,
-        ``"gdp (exact)"``, ``"non-private"``, with ``" + basic composition of N approx-DP event(s)"`` where needed.
+        ``"gdp (exact)"``, ``"non-private"``, ``"rdp (opacus 1.6.0, orders 1.1-1024) composition of 1 pate
+        confident-gnmax event(s) (data-independent bound)"``, with ``" + basic composition of N approx-DP
+        event(s)"`` where needed.
         """
         plan = self._plan()
         if plan.non_private:
@@ -445,12 +661,27 @@ class PrivacyLedger:
             e = plan.sampled[0]
             orders = f", {rdp_orders_description()}" if e.accountant == "rdp" else ""
             desc = f"{e.accountant} (opacus {ver}{orders}), {e.sampling} sampling"
-        else:
+        elif not plan.pate:
             samplings = sorted({e.sampling for e in plan.sampled})
             desc = (
                 f"rdp (opacus {ver}, {rdp_orders_description()}) composition of mixed events, "
                 f"{'/'.join(samplings)} sampling"
             )
+        else:
+            parts = []
+            for bound in PATE_BOUNDS:
+                events = [e for e in plan.pate if e.bound == bound]
+                if events:
+                    smooth = sum(e.smooth_release is not None for e in events)
+                    extra = f", {smooth} smooth-sensitivity release(s)" if smooth else ""
+                    name = bound.replace("_", "-")
+                    parts.append(f"{len(events)} pate confident-gnmax event(s) ({name} bound{extra})")
+            if plan.sampled:
+                samplings = sorted({e.sampling for e in plan.sampled})
+                parts.append(f"{len(plan.sampled)} dp-sgd event(s) ({'/'.join(samplings)} sampling)")
+            if plan.gaussian:
+                parts.append(f"{len(plan.gaussian)} gaussian event(s)")
+            desc = f"rdp (opacus {ver}, {rdp_orders_description()}) composition of {', '.join(parts)}"
         if plan.approx:
             basic = f"basic composition of {len(plan.approx)} approx-DP event(s)"
             desc = f"{desc} + {basic}" if desc else basic
@@ -567,6 +798,7 @@ __all__ = [
     "EVENT_KINDS",
     "GaussianEvent",
     "NonPrivateEvent",
+    "PATEEvent",
     "PrivacyEvent",
     "PrivacyLedger",
     "SampledGaussianEvent",
