@@ -39,6 +39,7 @@ test-full:
 bench:
 	$(BIN)/python benchmarks/dpsgd_step.py
 	$(BIN)/python benchmarks/metrics_fidelity.py
+	$(BIN)/python benchmarks/pe_histogram.py
 
 reproduce-tables:
 	$(BIN)/python -m dpsyn.cli.tables reproduce --profile $(PROFILE) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(ONLY),--only $(ONLY))

@@ -73,7 +73,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """
     from dpsyn.data import load_dataset
     from dpsyn.methods import METHODS, PrivacyBudget, RunContext
-    from dpsyn.metrics import evaluate
+    from dpsyn.metrics import evaluate, make_monitor
     from dpsyn.privacy import PrivacyLedger
     from dpsyn.results.grid import save_sample_grid
     from dpsyn.results.io import atomic_save_npz, atomic_write_json, atomic_write_text
@@ -104,6 +104,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         cache_dir=str(cfg.paths.cache_dir),
         data_dir=str(cfg.paths.data_dir),
         public_classes=list(data.public_classes) if data.public_classes else None,
+        monitor=make_monitor(data, cfg.metrics, cache_dir=cfg.paths.cache_dir, load_family=_family_loader(cfg)),
     )
     method = method_cls(cfg.method, ctx)
     budget = PrivacyBudget(epsilon=eps, delta=delta)

@@ -60,6 +60,9 @@ class RunContext:
         public: the ``conf/public`` node (public models of paper 000), loaded on demand by :meth:`Method.public_models`.
         cache_dir, data_dir: the run's ``paths`` (caches of trained public models; real checkpoints and data).
         public_classes: class names of the public split's labels, or None.
+        monitor: ``monitor(images) -> {metric: value}`` (FD, precision/recall against the evaluation split) for
+            iterative methods to log their progress (:func:`dpsyn.metrics.make_monitor`); monitoring only, never
+            used to select anything. None in tests that build a context by hand.
     """
 
     seed: int
@@ -76,6 +79,7 @@ class RunContext:
     cache_dir: str | None = None
     data_dir: str | None = None
     public_classes: list[str] | None = None
+    monitor: Any = None
 
 
 class Method(ABC):

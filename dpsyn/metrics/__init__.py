@@ -233,6 +233,36 @@ def _mia_bb(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tu
     return values, {k: info for k in values}
 
 
+def make_monitor(
+    data: DataBundle, cfg: Any, *, cache_dir: str | Path, load_family: Callable[[str], DataBundle]
+) -> Callable[[np.ndarray], dict[str, float]]:
+    """A function ``images -> {fd_<family> (or fid), precision, recall}`` against the evaluation split, in the
+    configured feature space, for methods that log their progress (PE's iterations).
+
+    Monitoring only: nothing may be selected on it (the values go to the logs, never into a choice), so it does not
+    count as a read of the sealed evaluation split. The extractor and the real features are built on first use and
+    kept. Images of a non-image dataset give ``{}``.
+    """
+    from dpsyn.metrics.fidelity import frechet_distance_from_features, precision_recall
+
+    env: dict[str, Any] = {"cache_dir": cache_dir, "seed": 0, "load_family": load_family, "feats": {}}
+
+    def monitor(images: np.ndarray) -> dict[str, float]:
+        if data.kind != "image" or len(images) < 2:
+            return {}
+        ext = _extractor(env, data, cfg)
+        real = _features(env, data, cfg, "real")
+        gen = ext.extract(images)["features"]
+        name = "fid" if ext.name == "inception" else f"fd{_suffix(ext)}"
+        values = {name: float(frechet_distance_from_features(gen, real))}
+        k = int(cfg.prdc.k_pr)
+        if len(gen) > k:
+            values.update({key: float(v) for key, v in precision_recall(gen, real, k=k).items()})
+        return values
+
+    return monitor
+
+
 def metric_names(cfg: Any, kind: str) -> list[str]:
     """The metrics configured for a dataset kind (``cfg.names.image`` / ``cfg.names.table``)."""
     names = cfg.names.get(kind) if hasattr(cfg.names, "get") else None

@@ -161,6 +161,7 @@ class InstanceConditionedGenerator(nn.Module):
         batch_size: int = 1000,
         normalize: bool = True,
         device: str | torch.device | None = None,
+        z: np.ndarray | None = None,
     ) -> np.ndarray:
         """One image per feature row: ``g(z, v)`` with ``z ~ N(0, I)`` drawn from ``generator``.
 
@@ -171,12 +172,13 @@ class InstanceConditionedGenerator(nn.Module):
             normalize: project rows onto the unit sphere first (the generator was trained on unit-norm features;
                 a DP-MGE sample from N(mu, diag s) is not on it). Zero rows stay zero.
             device: where to run (None: the CPU).
+            z: (N, z_dim) noise to use instead of drawing it (PE's variations perturb a sample's own z).
 
         Returns:
             float32 (N, C, H, W) images in [0, 1].
         """
         return _decode(self, features, self.z_dim, self.feature_dim, generator=generator, batch_size=batch_size,
-                       normalize=normalize, device=device, to_unit=lambda x: x)
+                       normalize=normalize, device=device, to_unit=lambda x: x, z=z)
 
 
 def _decode(
@@ -192,6 +194,7 @@ def _decode(
     to_unit: Any,
     truncation: float | None = None,
     forward: Any = None,
+    z: np.ndarray | None = None,
 ) -> np.ndarray:
     feats = np.asarray(features, dtype=np.float32)
     if feats.ndim != 2 or feats.shape[1] != feature_dim:
@@ -203,7 +206,12 @@ def _decode(
     net.to(dev).eval()
     fwd = forward or net
     # all noise drawn at once: the images do not depend on batch_size (torch draws differ by request size)
-    noise = torch.randn(len(feats), z_dim, generator=generator)
+    if z is not None:
+        noise = torch.as_tensor(np.asarray(z, dtype=np.float32))
+        if noise.shape != (len(feats), z_dim):
+            raise ValueError(f"z must be ({len(feats)}, {z_dim}), got shape {tuple(noise.shape)}")
+    else:
+        noise = torch.randn(len(feats), z_dim, generator=generator)
     if truncation is not None:
         noise = noise.clamp(-truncation, truncation)
     out = []
@@ -502,9 +510,10 @@ class ICGANGenerator(nn.Module):
         batch_size: int = 16,
         normalize: bool = True,
         device: str | torch.device | None = None,
+        z: np.ndarray | None = None,
     ) -> np.ndarray:
         """One image per feature row, ``G(z, None, v)`` mapped from [-1, 1] to [0, 1] (see
         :meth:`InstanceConditionedGenerator.decode` for the arguments)."""
         return _decode(self.net, features, self.z_dim, self.feature_dim, generator=generator,
                        batch_size=batch_size, normalize=normalize, device=device, to_unit=lambda x: (x + 1) / 2,
-                       truncation=self.truncation, forward=lambda z, h: self.net(z, None, h))
+                       truncation=self.truncation, forward=lambda z, h: self.net(z, None, h), z=z)

@@ -1,0 +1,445 @@
+"""``pe``: Private Evolution (Lin et al. 2023, "Differentially Private Synthetic Data via Foundation Model APIs 1:
+Images", Alg. 1 and its class-conditional Alg. 3).
+
+PE never trains on private data. It starts from ``S_0 = RANDOM_API(N)`` of a public model and, for t = 1..T:
+
+1. embeds the population (lookahead: the mean embedding of k variations at the iteration's degree);
+2. lets every private sample vote for its nearest synthetic sample: the DP nearest-neighbour histogram
+   (:mod:`dpsyn.methods.pe.histogram`: Gaussian noise sigma on every count, threshold H) — one ledger event;
+3. draws N parents in proportion to the thresholded histogram (``selection: sample``; ``rank`` keeps the top ones);
+4. ``S_t = VARIATION_API(parents, degree_t)`` (:mod:`dpsyn.methods.pe.api`); parents are not kept.
+
+Privacy (the paper's Theorem 1 via GDP): T adaptive sensitivity-1 Gaussian releases with noise multiplier sigma are
+``mu``-GDP with ``mu = sqrt(T) / sigma``; sigma is calibrated once, before the loop, for the configured T
+(:func:`dpsyn.privacy.gdp_noise_multiplier`), or given as ``method.noise_multiplier`` and then checked against the
+target. The ledger gets one Gaussian event per histogram (and one for DP class counts when used), composed exactly.
+Class-conditional PE (``conditional: true``): a private sample of class c votes only among class-c synthetic samples
+(parallel composition: still one sensitivity-1 release per iteration). The number of synthetic samples per class is
+``class_proportions``: ``uniform`` (N / classes, no private information), ``public`` (the private class proportions
+declared public: the ledger labels say so, they are not protected) or ``dp`` (one more Gaussian release of the class
+counts, with the same sigma, calibrated into the T + 1 releases).
+
+Checkpoints (``checkpoint: true``): after every histogram (the noisy histogram and the ledger) and after every
+iteration (the population and the ledger), atomically, in ``<run_dir>/checkpoints/pe.pt``. A resumed run restores
+the ledger from the checkpoint and reuses a saved histogram instead of computing a new one, so no privacy is spent
+twice or forgotten; a checkpoint made under another calibration or schedule is refused.
+
+Monitoring: with ``monitor: true`` each population's FD and precision/recall against the evaluation split
+(:func:`dpsyn.metrics.make_monitor`) are logged (W&B, the progress line, result.json's provenance). They are never
+used to choose anything (no selection on the test set). ``sample(n)`` beyond the population size returns more
+variations of the final population (the paper's "unlimited samples", Sec. 4.1): post-processing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpsyn.data.base import Split
+from dpsyn.methods.base import METHODS, Method, PrivacyBudget, RunContext, Samples
+from dpsyn.methods.pe.api import BACKENDS, CONDITIONS, PEAPI, DiffusionAPI, ICGANAPI, Population, check_degree
+from dpsyn.methods.pe.histogram import BACKENDS as KNN_BACKENDS
+from dpsyn.methods.pe.histogram import SELECTIONS, dp_nn_histogram, select_parents
+from dpsyn.methods.public_baselines import (
+    OTHER_CLASSES,
+    build_public_pool,
+    centroid_labels,
+    check_choice,
+    optional_positive_int,
+    private_label_map,
+    public_class_names,
+)
+from dpsyn.privacy import (
+    GaussianEvent,
+    NonPrivateEvent,
+    PrivacyEvent,
+    PrivacyLedger,
+    dp_numpy_generator,
+    gdp_epsilon,
+    gdp_noise_multiplier,
+)
+
+log = logging.getLogger(__name__)
+
+EMBEDDINGS: tuple[str, ...] = ("encoder", "inception")
+CLASS_PROPORTIONS: tuple[str, ...] = ("uniform", "public", "dp")
+CHECKPOINT_VERSION = 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# calibration (pure)
+
+
+def pe_releases(cfg: Any) -> int:
+    """Sensitivity-1 Gaussian releases a PE run makes: one histogram per degree, plus the class counts when
+    ``conditional`` and ``class_proportions: dp``."""
+    extra = 1 if cfg.get("conditional") and cfg.get("class_proportions") == "dp" else 0
+    return len(list(cfg.degrees)) + extra
+
+
+def pe_noise_multiplier(*, epsilon: float, delta: float, releases: int, noise_multiplier: float | None) -> float:
+    """Sigma of every release: calibrated from (epsilon, delta) for ``releases`` Gaussian releases, or the given
+    ``noise_multiplier`` after checking that it stays within epsilon. 0 for a non-private run (eps = inf, none given).
+
+    Raises:
+        ValueError: a given noise multiplier that would spend more than epsilon (before any work).
+    """
+    if noise_multiplier is not None:
+        nm = float(noise_multiplier)
+        if not nm > 0 or not math.isfinite(nm):
+            raise ValueError(f"method.noise_multiplier={noise_multiplier!r} must be a finite number > 0 (or null)")
+        if math.isfinite(epsilon):
+            spent = gdp_epsilon(noise_multiplier=nm, steps=releases, delta=delta)
+            if spent > epsilon * (1 + 1e-9):
+                raise ValueError(
+                    f"method.noise_multiplier={nm:g} with {releases} releases spends eps={spent:.4g} > target eps="
+                    f"{epsilon:g} at delta={delta:g}: raise eps (eps>={spent:.4g}) or leave noise_multiplier null"
+                )
+        return nm
+    if not math.isfinite(epsilon):
+        return 0.0
+    return gdp_noise_multiplier(epsilon=epsilon, steps=releases, delta=delta)
+
+
+def class_sizes(n: int, proportions: np.ndarray) -> dict[int, int]:
+    """``n`` split over classes in proportion (largest remainders; every class with positive weight gets >= 1)."""
+    p = np.maximum(np.asarray(proportions, dtype=np.float64), 0.0)
+    if not p.sum() > 0:
+        p = np.ones_like(p)
+    p = p / p.sum()
+    base = np.floor(p * n).astype(np.int64)
+    base[(p > 0) & (base == 0)] = 1
+    while base.sum() > n:  # the minimum of 1 per class may overshoot
+        base[np.argmax(base)] -= 1
+    rest = np.argsort(-(p * n - base), kind="stable")
+    for i in range(int(n - base.sum())):
+        base[rest[i % len(rest)]] += 1
+    return {c: int(k) for c, k in enumerate(base)}
+
+
+def _fingerprint(blob: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the method
+
+
+@METHODS.register("pe")
+class PE(Method):
+    """Private Evolution over a public model's APIs (module docstring)."""
+
+    needs_public = True
+    kinds = ("image",)
+
+    def __init__(self, cfg: Any, ctx: RunContext) -> None:
+        super().__init__(cfg, ctx)
+        self.backend = check_choice(cfg, "backend", BACKENDS, "pe")
+        self.embedding = check_choice(cfg, "embedding", EMBEDDINGS, "pe")
+        self.selection = check_choice(cfg, "selection", SELECTIONS, "pe")
+        self.knn_backend = check_choice(cfg, "knn_backend", KNN_BACKENDS, "pe")
+        self.condition = check_choice(cfg, "condition", CONDITIONS, "pe")
+        self.class_proportions = check_choice(cfg, "class_proportions", CLASS_PROPORTIONS, "pe")
+        self.other_classes = check_choice(cfg, "other_classes", OTHER_CLASSES, "pe")
+        self.conditional = bool(cfg.conditional)
+        self.population = optional_positive_int(cfg, "population", "pe")
+        if self.population is None:
+            raise ValueError("method.population must be a positive integer (synthetic samples per iteration)")
+        self.degrees = [check_degree(d) for d in (cfg.degrees or [])]
+        if not self.degrees:
+            raise ValueError("method.degrees must list one variation degree in (0, 1] per iteration (T = its length)")
+        self.final_degree = check_degree(cfg.final_degree) if cfg.get("final_degree") is not None else self.degrees[-1]
+        self.lookahead = int(cfg.lookahead)
+        self.num_nearest = int(cfg.num_nearest)
+        if self.lookahead < 0 or self.num_nearest < 1:
+            raise ValueError(f"method.lookahead={cfg.lookahead!r} must be >= 0 and method.num_nearest="
+                             f"{cfg.num_nearest!r} >= 1")
+        self.threshold = float(cfg.threshold)
+        if not self.threshold >= 0:
+            raise ValueError(f"method.threshold={cfg.threshold!r} must be >= 0")
+        if self.conditional and self.population < ctx.num_classes:
+            raise ValueError(f"method.population={self.population} must be >= the number of classes "
+                             f"({ctx.num_classes}) for class-conditional PE")
+        self.history: list[dict[str, Any]] = []
+
+    # ---------------------------------------------------------------- set-up
+
+    def _api(self, models: Any, pool: Any) -> PEAPI:
+        if self.backend == "icgan":
+            return ICGANAPI(models, pool, feature_noise=float(self.cfg.feature_noise))
+        from dpsyn.public.diffusion import load_diffusion_model
+
+        model = load_diffusion_model(self.ctx.public, cache_dir=self.ctx.cache_dir or ".",
+                                     data_dir=self.ctx.data_dir or ".")
+        names, _ = public_class_names(self.ctx, models, self._public)
+        public_of_private = np.full(self.ctx.num_classes, -1, dtype=np.int64)
+        for public_id, private_id in enumerate(private_label_map(names, list(self.ctx.classes))):
+            if private_id >= 0:
+                public_of_private[private_id] = public_id
+        if self.conditional and (public_of_private < 0).any() and int(getattr(model, "num_classes", 0) or 0) > 0:
+            missing = [self.ctx.classes[c] for c in np.flatnonzero(public_of_private < 0)]
+            log.warning("pe: private classes without a public class of the same name (%s) get random public "
+                        "conditions (condition=%s)", ", ".join(missing), self.condition)
+        return DiffusionAPI(model, public_of_private, condition=self.condition)
+
+    def _embedder(self, models: Any) -> Any:
+        if self.embedding == "encoder":
+            return lambda x: np.asarray(models.encode(x), dtype=np.float32)
+        from dpsyn.metrics.features import build_feature_extractor
+
+        ext = build_feature_extractor("inception")
+        return lambda x: np.asarray(ext.extract(x)["features"], dtype=np.float32)
+
+    def _generator(self, *parts: Any) -> torch.Generator:
+        """Seeded from the run seed and ``parts`` (iteration, purpose): not DP noise, and a resumed run redraws the
+        same latents."""
+        digest = hashlib.sha256(json.dumps([self.ctx.seed, *parts]).encode()).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def _ckpt_path(self) -> Path | None:
+        if self.ctx.run_dir is None or not bool(self.cfg.get("checkpoint", True)):
+            return None
+        return Path(self.ctx.run_dir) / "checkpoints" / "pe.pt"
+
+    def _save(self, state: dict[str, Any], ledger: PrivacyLedger) -> None:
+        from dpsyn.results.io import atomic_write
+
+        path = self._ckpt_path()
+        if path is None:
+            return
+        state = {**state, "version": CHECKPOINT_VERSION, "fingerprint": self.fingerprint,
+                 "ledger": ledger.to_dict(), "history": self.history}
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        atomic_write(path, lambda f: f.write(buffer.getvalue()))
+
+    def _resume(self, ledger: PrivacyLedger) -> dict[str, Any] | None:
+        path = self._ckpt_path()
+        if path is None or not path.is_file():
+            return None
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if state.get("version") != CHECKPOINT_VERSION or state.get("fingerprint") != self.fingerprint:
+            raise ValueError(f"{path} was made by a PE run with another configuration (calibration, schedule, "
+                             f"population, backend or seed): resume with the same config, or use a new run directory")
+        if len(ledger):
+            raise ValueError("pe: cannot resume into a ledger that already holds events")
+        for event in state["ledger"]["events"]:
+            ledger.add(PrivacyEvent.from_dict(event))
+        self.history = list(state.get("history", []))
+        log.info("pe: resuming from %s at iteration %d (%s); ledger restored with %d events", path,
+                 state["iteration"], state["stage"], len(ledger))
+        return state
+
+    # ---------------------------------------------------------------- fit
+
+    def fit(
+        self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
+    ) -> None:
+        from tqdm.auto import tqdm
+
+        if public is None:
+            raise ValueError("pe needs a dataset with public data (e.g. fmnist_all, fmnist_shoes, fmnist_tops, digits)")
+        t_start = time.perf_counter()
+        releases = pe_releases(self.cfg)
+        sigma = pe_noise_multiplier(epsilon=budget.epsilon, delta=budget.delta, releases=releases,
+                                    noise_multiplier=self.cfg.get("noise_multiplier"))
+        self.sigma, self.T = sigma, len(self.degrees)
+        self.fingerprint = _fingerprint({
+            "sigma": sigma, "degrees": self.degrees, "population": self.population, "backend": self.backend,
+            "embedding": self.embedding, "threshold": self.threshold, "lookahead": self.lookahead,
+            "num_nearest": self.num_nearest, "selection": self.selection, "rank_keep": float(self.cfg.rank_keep),
+            "conditional": self.conditional, "class_proportions": self.class_proportions, "seed": self.ctx.seed,
+            "n_private": len(private), "condition": self.condition, "feature_noise": float(self.cfg.feature_noise),
+        })
+        self._public = public
+        # paper 000's public models: the icgan backend, the encoder embedding, and the labels of unconditional
+        # samples need them; conditional PE on a diffusion model with Inception embeddings (CIFAR-10) does not
+        need_pool = self.backend == "icgan" or not self.conditional
+        models = self.public_models() if need_pool or self.embedding == "encoder" else None
+        self.models = models
+        self.pool = build_public_pool(models, public, self.ctx, max_rows=optional_positive_int(
+            self.cfg, "public_pool", "pe"), other_classes=self.other_classes) if need_pool else None
+        self.api = self._api(models, self.pool)
+        embed = self._embedder(models)
+        noise_rng = dp_numpy_generator(deterministic=self.ctx.deterministic_noise, seed=self.ctx.seed) if sigma > 0 else None
+        declared = " (class proportions declared public: not protected)" if (
+            self.conditional and self.class_proportions == "public") else ""
+
+        def event(what: str) -> PrivacyEvent:
+            if sigma > 0:
+                return GaussianEvent(noise_multiplier=sigma, count=1,
+                                     label=f"pe {what}: sensitivity-1 Gaussian, sigma={sigma:.6g}{declared}")
+            return NonPrivateEvent(label=f"pe {what}: no noise (eps=inf){declared}")
+
+        state = self._resume(ledger)
+        priv_emb = embed(private.x)
+        priv_labels = np.asarray(private.y, dtype=np.int64) if self.conditional else None
+
+        if state is None:
+            per_class = self._class_sizes(private, ledger, event, noise_rng)
+            if per_class is None:
+                labels0 = np.full(self.population, -1, dtype=np.int64)
+            else:
+                labels0 = np.concatenate([np.full(k, c, dtype=np.int64) for c, k in sorted(per_class.items())])
+            pop = self.api.random_api(labels0, generator=self._generator("random"))
+            self.per_class = per_class
+            self._log_iteration(0, pop, extra={"degree": None})
+            start, saved_hist = 0, None
+            self._save({"iteration": 0, "stage": "done", "population": pop.state(), "per_class": per_class}, ledger)
+        else:
+            pop = Population.from_state(state["population"])
+            self.per_class = state["per_class"]
+            start = int(state["iteration"])
+            saved_hist = state.get("histogram") if state["stage"] == "histogram" else None
+
+        bar = tqdm(range(start, self.T), desc="pe", initial=start, total=self.T, leave=False)
+        for t in bar:
+            degree = self.degrees[t]
+            if saved_hist is not None:  # the release was made before the interruption: reuse it, spend nothing
+                thresholded, note_hist = np.asarray(saved_hist["thresholded"]), "reused from checkpoint"
+                saved_hist = None
+            else:
+                syn_emb = self._lookahead_embedding(pop, degree, embed, t)
+                ledger.add(event(f"histogram {t + 1}/{self.T}"))
+                hist = dp_nn_histogram(
+                    priv_emb, syn_emb, noise_multiplier=sigma, threshold=self.threshold, rng=noise_rng,
+                    private_labels=priv_labels, synthetic_labels=pop.labels if self.conditional else None,
+                    num_nearest=self.num_nearest, backend=self.knn_backend,
+                )
+                thresholded, note_hist = hist.thresholded, ""
+                self._save({"iteration": t, "stage": "histogram", "population": pop.state(),
+                            "per_class": self.per_class,
+                            "histogram": {"noisy": hist.noisy, "thresholded": hist.thresholded}}, ledger)
+            parents, note = select_parents(
+                thresholded, self.population, mode=self.selection, rng=np.random.default_rng([self.ctx.seed, t]),
+                rank_keep=float(self.cfg.rank_keep), labels=pop.labels if self.conditional else None,
+                per_class=self.per_class,
+            )
+            pop = self.api.variation_api(pop.take(parents), degree=degree, generator=self._generator("variation", t))
+            extra = {"degree": degree, "nonzero_counts": int((thresholded > 0).sum()),
+                     "distinct_parents": int(len(np.unique(parents)))}
+            if note or note_hist:
+                extra["note"] = "; ".join(x for x in (note, note_hist) if x)
+            metrics = self._log_iteration(t + 1, pop, extra=extra)
+            if metrics:
+                bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if isinstance(v, float)})
+            self._save({"iteration": t + 1, "stage": "done", "population": pop.state(), "per_class": self.per_class},
+                       ledger)
+        bar.close()
+        self.final = pop
+        self.fit_seconds = time.perf_counter() - t_start
+
+    def _class_sizes(self, private: Split, ledger: PrivacyLedger, event: Any,
+                     noise_rng: np.random.Generator | None) -> dict[int, int] | None:
+        """Synthetic samples per class (class-conditional PE), per ``class_proportions``; None when unconditional."""
+        if not self.conditional:
+            return None
+        k = self.ctx.num_classes
+        if self.class_proportions == "uniform":
+            return class_sizes(self.population, np.ones(k))
+        counts = np.bincount(np.asarray(private.y, dtype=np.int64), minlength=k).astype(np.float64)
+        if self.class_proportions == "dp":
+            ledger.add(event("class counts"))
+            if self.sigma > 0:
+                counts = counts + noise_rng.normal(0.0, self.sigma, size=k)
+        return class_sizes(self.population, np.maximum(counts, 0.0))
+
+    def _lookahead_embedding(self, pop: Population, degree: float, embed: Any, t: int) -> np.ndarray:
+        """``Phi(z)`` (lookahead 0) or the mean embedding of ``lookahead`` variations of every sample."""
+        if self.lookahead == 0:
+            return embed(pop.x)
+        total = None
+        for i in range(self.lookahead):
+            v = self.api.variation_api(pop, degree=degree, generator=self._generator("lookahead", t, i))
+            e = embed(v.x).astype(np.float64)
+            total = e if total is None else total + e
+        return (total / self.lookahead).astype(np.float32)
+
+    def _log_iteration(self, t: int, pop: Population, *, extra: dict[str, Any]) -> dict[str, Any]:
+        """Record iteration ``t``'s monitoring metrics (FD etc. against the eval split: monitoring only)."""
+        metrics: dict[str, Any] = {}
+        monitor = getattr(self.ctx, "monitor", None)
+        if monitor is not None and bool(self.cfg.get("monitor", True)):
+            metrics = dict(monitor(pop.x))
+        self.history.append({"iteration": t, **extra, **metrics})
+        if self.ctx.logger is not None and metrics:
+            self.ctx.logger.log_metrics({f"pe/{k}": v for k, v in metrics.items()}, step=t)
+        if metrics:
+            log.info("pe iteration %d/%d: %s", t, len(self.degrees),
+                     ", ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
+        return metrics
+
+    # ---------------------------------------------------------------- sampling (post-processing)
+
+    def _labels_for(self, pop: Population) -> np.ndarray:
+        """Private-space labels: the population's own (conditional), else the private class whose public centroid is
+        nearest in the encoder's space (public data only)."""
+        if self.conditional:
+            return pop.labels
+        feats = np.asarray(self.models.encode(pop.x), dtype=np.float32)
+        drawable = self.pool.labels >= 0
+        labels, _ = centroid_labels(feats, self.pool.feats[drawable], self.pool.labels[drawable], self.ctx.num_classes)
+        return labels
+
+    def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
+        pop = self.final
+        rng = np.random.default_rng([self.ctx.seed, 10**6])
+        if labels is not None and self.conditional:
+            idx = np.empty(len(labels), dtype=np.int64)
+            for c in np.unique(labels):
+                rows = np.flatnonzero(pop.labels == c)
+                if len(rows) == 0:
+                    raise ValueError(f"pe: the final population has no sample of class {c}")
+                where = np.flatnonzero(labels == c)
+                idx[where] = rng.choice(rows, size=len(where), replace=len(where) > len(rows))
+            n = len(labels)
+        else:
+            idx = rng.permutation(len(pop))[:n] if n <= len(pop) else np.concatenate(
+                [rng.permutation(len(pop)), rng.choice(len(pop), size=n - len(pop), replace=True)])
+        fresh = np.zeros(n, dtype=bool)
+        if len(np.unique(idx)) < len(idx):  # "unlimited samples": repeats become variations of the final population
+            first = np.zeros(n, dtype=bool)
+            _, first_pos = np.unique(idx, return_index=True)
+            first[first_pos] = True
+            fresh = ~first
+        out = pop.take(idx)
+        if fresh.any():
+            varied = self.api.variation_api(out.take(np.flatnonzero(fresh)), degree=self.final_degree,
+                                            generator=self._generator("unlimited"))
+            out.x[fresh] = varied.x
+        y = self._labels_for(out)
+        return Samples(out.x, y, {
+            "method": "pe", "backend": self.backend, "api": self.api.describe(),
+            "variant": f"{self.backend}, {'conditional' if self.conditional else 'unconditional'}", "embedding": self.embedding,
+            "iterations": self.T, "population": self.population, "noise_multiplier": self.sigma,
+            "threshold": self.threshold, "lookahead": self.lookahead, "selection": self.selection,
+            "conditional": self.conditional, "class_proportions": self.class_proportions if self.conditional else None,
+            "variations_beyond_population": int(fresh.sum()), "final_degree": self.final_degree,
+            "labels": "population's classes" if self.conditional else "nearest public class centroid (encoder space)",
+            "history": self.history, "accounting": f"GDP: mu = sqrt({pe_releases(self.cfg)})/sigma",
+        })
+
+    def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The monitored metrics of the first (RANDOM_API) and the last population, at the population size."""
+        if not self.history:
+            return {}, {}
+        first, last = self.history[0], self.history[-1]
+        values, info = {}, {}
+        for key, v in first.items():
+            if key.startswith(("fd", "fid", "precision", "recall")) and isinstance(v, float) and key in last:
+                values[f"pe_{key}_iter0"], values[f"pe_{key}_last"] = v, last[key]
+                what = f"{key} of the population (n={self.population}) vs the eval split: monitoring, never selected on"
+                info[f"pe_{key}_iter0"] = {"what": what + "; iteration 0 = RANDOM_API"}
+                info[f"pe_{key}_last"] = {"what": what + f"; after iteration {self.T}"}
+        return values, info
