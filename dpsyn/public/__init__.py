@@ -52,9 +52,11 @@ __all__ = [
     "ResNet50Encoder",
     "SwAVEncoder",
     "check_public_config",
+    "check_diffusion_config",
     "clip_to_unit_ball",
     "decoded_class_accuracy",
     "knn_indices",
+    "load_diffusion_model",
     "load_public_models",
 ]
 
@@ -126,6 +128,7 @@ _REAL_KEYS = {
     "encoder": {"name", "checkpoint", "resolution"},
     "generator": {"name", "checkpoint", "truncation", "trust_pickle"},
 }
+_OPTIONAL_SECTIONS = {"diffusion"}  # PE's diffusion model: dpsyn.public.diffusion.check_diffusion_config validates it
 _ENCODERS = {"embedded": ("conv",), "real": ("swav", "resnet50")}
 _GENERATORS = {"embedded": ("icgan",), "real": ("icgan",)}
 
@@ -148,6 +151,8 @@ def check_public_config(cfg: dict[str, Any]) -> None:
     schema = _EMBEDDED_KEYS if kind == "embedded" else _REAL_KEYS
     for section, allowed in schema.items():
         node = cfg if not section else cfg.get(section)
+        if not section:
+            allowed = allowed | _OPTIONAL_SECTIONS
         prefix = "public." + (f"{section}." if section else "")
         listed = ", ".join(sorted(allowed))
         if not isinstance(node, dict):
@@ -155,7 +160,8 @@ def check_public_config(cfg: dict[str, Any]) -> None:
         unknown = sorted(set(node) - allowed)
         if unknown:
             raise ValueError(f"unknown key {prefix}{unknown[0]} for public.kind={kind}; allowed: {listed}")
-        missing = sorted(allowed - set(node) - {"knn_backend", "limit_train_batches", "truncation", "trust_pickle"})
+        missing = sorted(allowed - set(node) - {"knn_backend", "limit_train_batches", "truncation", "trust_pickle"}
+                         - _OPTIONAL_SECTIONS)
         if missing:
             raise ValueError(f"public config lacks {prefix}{missing[0]}")
     for section, options in (("encoder", _ENCODERS[kind]), ("generator", _GENERATORS[kind])):
@@ -174,6 +180,8 @@ def check_public_config(cfg: dict[str, Any]) -> None:
             raise ValueError(f"public.generator.knn_backend={backend!r}; allowed: auto, faiss, torch")
         if not isinstance(cfg["quality"]["n"], int) or cfg["quality"]["n"] < 0:
             raise ValueError(f"public.quality.n={cfg['quality']['n']!r} must be a non-negative integer (0 skips)")
+    if "diffusion" in cfg:
+        check_diffusion_config(cfg)
 
 
 def _positive_int(value: Any, key: str) -> None:
@@ -443,3 +451,7 @@ def _build_real(cfg: dict[str, Any], *, data_dir: Path) -> PublicModels:
         "generator": {**generator.record, "sha256": _sha256(Path(generator.record["checkpoint"]))},
     }
     return PublicModels(encoder=encoder, generator=generator, feature_dim=encoder.feature_dim, record=record)
+
+
+# last: dpsyn.public.diffusion uses the cache helpers above (its heavy imports, diffusers, are lazy)
+from dpsyn.public.diffusion import check_diffusion_config, load_diffusion_model  # noqa: E402
