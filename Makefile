@@ -40,6 +40,7 @@ bench:
 	$(BIN)/python benchmarks/dpsgd_step.py
 	$(BIN)/python benchmarks/metrics_fidelity.py
 	$(BIN)/python benchmarks/pe_histogram.py
+	$(BIN)/python benchmarks/teachers.py
 
 reproduce-tables:
 	$(BIN)/python -m dpsyn.cli.tables reproduce --profile $(PROFILE) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(ONLY),--only $(ONLY))

@@ -1,0 +1,233 @@
+"""G-PATE (paper 002): the vectorised teacher ensemble, the partitions, DPGradAgg, and the method end to end."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from dpsyn.methods import g_pate
+from dpsyn.methods.g_pate import aggregate_votes, bin_centres, dp_grad_agg, random_projections, teacher_votes
+from dpsyn.nets.dcgan import CondDCGANDiscriminator
+from dpsyn.nets.ensemble import CondConvTeacher, CondMLPTeacher, TeacherEnsemble, TeacherPartitions
+
+ARCHS = {
+    "conv": lambda: CondConvTeacher(num_classes=3, channels=1, resolution=28, ndf=4),
+    "dcgan": lambda: CondDCGANDiscriminator(num_classes=3, channels=1, resolution=28, ndf=4),
+    "mlp": lambda: CondMLPTeacher(num_classes=3, shape=(1, 28, 28), hidden=(16, 8)),
+}
+
+
+def _modules(arch: str, n: int) -> list[torch.nn.Module]:
+    torch.manual_seed(0)
+    return [ARCHS[arch]() for _ in range(n)]
+
+
+def _flat(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("chunk", [None, 2])
+def test_vectorised_ensemble_equals_a_loop_over_the_same_modules(arch: str, chunk: int | None) -> None:
+    n, b = 5, 6
+    mods = _modules(arch, n)
+    ens = TeacherEnsemble.from_modules(mods, lr=1e-3, chunk_size=chunk)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.rand(n, b, 1, 28, 28, generator=g), torch.randint(0, 3, (n, b), generator=g)
+    xs, ys = torch.rand(b, 1, 28, 28, generator=g), torch.randint(0, 3, (b,), generator=g)
+
+    torch.testing.assert_close(ens(x, y), torch.stack([m(x[i], y[i]) for i, m in enumerate(mods)]))
+    torch.testing.assert_close(ens.forward_shared(xs, ys), torch.stack([m(xs, ys) for m in mods]))
+
+    want = []
+    for m in mods:  # gradient of -BCE(D_i(x), 1) per sample, one teacher at a time
+        xx = xs.clone().requires_grad_(True)
+        loss = -F.binary_cross_entropy_with_logits(m(xx, ys), torch.ones(b), reduction="sum")
+        want.append(torch.autograd.grad(loss, xx)[0])
+    got = ens.input_gradients(xs, ys)
+    assert got.shape == (n, b, 1, 28, 28)
+    torch.testing.assert_close(got, torch.stack(want), rtol=1e-4, atol=1e-8)
+
+    # one train step = each teacher's own Adam step on its own loss
+    losses = ens.train_step(x, y, xs, ys)
+    for i, m in enumerate(mods):
+        opt = torch.optim.Adam(m.parameters(), lr=1e-3, betas=(0.5, 0.999))
+        loss = F.binary_cross_entropy_with_logits(m(x[i], y[i]), torch.ones(b))
+        loss = loss + F.binary_cross_entropy_with_logits(m(xs, ys), torch.zeros(b))
+        assert losses[i].item() == pytest.approx(loss.item(), rel=1e-5)
+        loss.backward()
+        opt.step()
+        torch.testing.assert_close(_flat(ens.teacher(i)), _flat(m), rtol=1e-4, atol=1e-5)  # Adam moves each weight by ~lr = 1e-3
+
+
+def test_partitions_are_disjoint_and_each_teacher_samples_only_its_own() -> None:
+    parts = TeacherPartitions(103, 10, generator=torch.Generator().manual_seed(0))
+    assert parts.rows.shape == (10, 10)  # floor(103 / 10) rows each; 3 rows used by no teacher
+    assert len(set(parts.rows.flatten().tolist())) == 100
+    seen = [set() for _ in range(10)]
+    for _ in range(7):  # several passes: reshuffles when a partition is exhausted
+        idx = parts.sample(4)
+        for i in range(10):
+            assert set(idx[i].tolist()) <= set(parts.rows[i].tolist())
+            assert len(set(idx[i].tolist())) == 4
+            seen[i] |= set(idx[i].tolist())
+    assert all(len(s) == 10 for s in seen)
+    contiguous = TeacherPartitions(20, 4, shuffle=False)
+    assert contiguous.rows.tolist() == [list(range(5 * i, 5 * i + 5)) for i in range(4)]
+    with pytest.raises(ValueError, match="teacher batch"):
+        parts.sample(11)
+
+
+def test_each_teacher_learns_only_from_its_own_partition() -> None:
+    """Perturb teacher 2's partition, redo the same step from the same state: only teacher 2's parameters change."""
+    n, tb = 4, 5
+    torch.manual_seed(0)
+    x_all, y_all = torch.rand(40, 1, 28, 28), torch.randint(0, 3, (40,))
+    parts = TeacherPartitions(40, n, generator=torch.Generator().manual_seed(0))
+    rows = parts.sample(tb)
+    fake, fake_y = torch.rand(6, 1, 28, 28), torch.randint(0, 3, (6,))
+
+    def step(x: torch.Tensor) -> list[torch.Tensor]:
+        ens = TeacherEnsemble.from_modules(_modules("conv", n), lr=1e-2)
+        ens.train_step(x[rows], y_all[rows], fake, fake_y)
+        return [_flat(ens.teacher(i)) for i in range(n)]
+
+    before = [_flat(m) for m in _modules("conv", n)]
+    base = step(x_all)
+    x_pert = x_all.clone()
+    x_pert[parts.rows[2]] = torch.rand(parts.size, 1, 28, 28)  # every row of partition 2
+    pert = step(x_pert)
+    for i in range(n):
+        assert not torch.equal(base[i], before[i])  # every teacher trained
+        assert torch.equal(base[i], pert[i]) == (i != 2), f"teacher {i}"
+
+
+def test_dp_grad_agg_returns_the_agreed_bin_centre_back_projected() -> None:
+    n, b, d, k, bins, clip = 50, 3, 20, 4, 10, 1.0
+    g = torch.Generator().manual_seed(0)
+    proj = random_projections(b, d, k, generator=g)
+    assert proj.shape == (b, d, k)
+    grads = 0.3 * torch.randn(1, b, d, generator=g).expand(n, b, d)  # every teacher agrees
+    u = torch.einsum("bd,bdk->bk", grads[0], proj).clamp(-clip, clip)
+    centres = bin_centres(clip=clip, bins=bins)
+    want_out = centres[torch.floor((u + clip) / (2 * clip / bins)).long().clamp(0, bins - 1)]
+    want = torch.einsum("bk,bdk->bd", want_out, proj)
+
+    noise = torch.Generator().manual_seed(1)  # small noise: the agreed bin wins and passes the threshold
+    g_hat, votes, answered = dp_grad_agg(grads, proj, clip=clip, bins=bins, sigma_threshold=1.0, sigma=1.0,
+                                         threshold=n / 2, generator=noise)
+    assert votes.shape == (b * k, bins) and torch.all(votes.sum(1) == n) and torch.all(votes.max(1).values == n)
+    assert answered.all()
+    torch.testing.assert_close(g_hat, want)
+
+    # threshold not met: nothing answered, zero gradient
+    g_hat, _, answered = dp_grad_agg(grads, proj, clip=clip, bins=bins, sigma_threshold=1.0, sigma=1.0,
+                                     threshold=2 * n, generator=torch.Generator().manual_seed(1))
+    assert not answered.any() and torch.all(g_hat == 0)
+
+    # non-private aggregate (eps=inf): the plain argmax, every coordinate answered
+    g_hat, answered = aggregate_votes(teacher_votes(grads, proj, clip=clip, bins=bins), proj, clip=clip,
+                                      sigma_threshold=None, sigma=None, threshold=None, generator=None)
+    assert answered.all()
+    torch.testing.assert_close(g_hat, want)
+
+
+def test_votes_follow_histogram_bins_and_clip() -> None:
+    proj = torch.eye(3).unsqueeze(0)  # one sample, d = k = 3: u = g
+    grads = torch.tensor([[[-5.0, -0.01, 1.0]], [[-0.99, 0.49, 0.51]]])  # 2 teachers; clip 1, 4 bins of width 0.5
+    votes = teacher_votes(grads, proj, clip=1.0, bins=4)
+    assert votes.shape == (1, 3, 4)
+    assert votes[0].tolist() == [[2, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 2]]  # 1.0 is in the last (closed) bin
+    assert bin_centres(clip=1.0, bins=4).tolist() == [-0.75, -0.25, 0.25, 0.75]
+
+
+SMOKE = ("method=g_pate", "dataset=fmnist", "method.teachers=20", "method.batch_size=4", "method.projection_dim=2",
+         "method.sigma_threshold=100", "method.sigma=50", "method.threshold=10", "method.teacher_arch=conv",
+         "method.ndf=2", "method.z_dim=8", "method.ngf=4", "privacy.deterministic_noise=true")
+
+
+def test_g_pate_runs_end_to_end_within_its_budget(make_cfg, tmp_path) -> None:
+    from dpsyn.cli.train import run
+    from dpsyn.privacy import PrivacyLedger, pate_data_independent_epsilon
+
+    result = run(make_cfg(*SMOKE, "eps=1", "metrics.n_samples=200"), tmp_path / "run")
+    (event,) = result["privacy_events"]
+    assert event["kind"] == "pate" and event["bound"] == "data_independent"
+    assert event["queries"] == 5 * 4 * 2  # trainer=debug: 5 steps of b*k queries
+    assert 0 < result["epsilon_spent"] <= 1.0
+    assert result["epsilon_spent"] == pytest.approx(pate_data_independent_epsilon(
+        queries=40, sigma_threshold=100, sigma=50, delta=1e-5))
+    assert "pate" in result["accountant"] and "data-independent" in result["accountant"]
+    assert result["sample_provenance"]["bound"] == "data_independent"
+    assert 0 <= result["metrics"]["acc"] <= 1
+    assert PrivacyLedger.load(tmp_path / "run" / "privacy.json").epsilon() == pytest.approx(result["epsilon_spent"])
+
+
+@pytest.mark.parametrize("bound", ["data_independent", "data_dependent"])
+def test_g_pate_stops_before_the_step_that_would_overspend(make_cfg, tmp_path, bound: str) -> None:
+    from dpsyn.cli.train import run
+    from dpsyn.privacy import pate_max_queries
+
+    over = (*SMOKE, "eps=2", f"method.bound={bound}", "trainer.limit_train_batches=null", "method.steps=400",
+            "metrics.names.image=[]", "metrics.n_samples=50")
+    result = run(make_cfg(*over), tmp_path / "run")
+    (event,) = result["privacy_events"]
+    assert result["sample_provenance"]["stopped_by"] == "budget"
+    most = pate_max_queries(epsilon=2, sigma_threshold=100, sigma=50, delta=1e-5) // 8 * 8  # whole steps of 8
+    assert result["epsilon_spent"] <= 2
+    if bound == "data_independent":  # as many whole steps as the data-independent bound allows
+        assert event["queries"] == most
+    else:
+        assert event["queries"] >= most  # the data-dependent bound never exceeds the data-independent one
+
+
+def test_g_pate_without_noise_at_eps_inf(make_cfg, tmp_path) -> None:
+    from dpsyn.cli.train import run
+
+    result = run(make_cfg(*SMOKE, "eps=inf", "metrics.names.image=[]", "metrics.n_samples=50"), tmp_path / "run")
+    assert math.isinf(result["epsilon_spent"]) and result["privacy_events"][0]["kind"] == "non_private"
+
+
+def test_a_crashed_g_pate_run_resumes_without_spending_twice(make_cfg, tmp_path, monkeypatch) -> None:
+    """Crash in step 4 (checkpoint every 2): the re-run resumes at step 2 and the ledger counts 5 steps once."""
+    from dpsyn.cli.train import run
+    from dpsyn.privacy import PrivacyLedger
+
+    over = (*SMOKE, "eps=1", "method.checkpoint_every=2", "metrics.names.image=[]", "metrics.n_samples=50")
+    calls = {"n": 0}
+    original = g_pate.aggregate_votes
+
+    def crash_in_step_4(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("killed")
+        return original(*a, **k)
+
+    monkeypatch.setattr(g_pate, "aggregate_votes", crash_in_step_4)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*over), tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoints" / "g_pate.pt").is_file()
+    assert PrivacyLedger.load(tmp_path / "run" / "privacy.json").to_dict()["events"][0]["queries"] == 3 * 8
+
+    monkeypatch.setattr(g_pate, "aggregate_votes", original)
+    result = run(make_cfg(*over), tmp_path / "run")
+    (event,) = result["privacy_events"]
+    assert event["queries"] == 5 * 8  # 2 restored from the checkpoint + 3 made after the resume
+    assert result["epsilon_spent"] <= 1.0
+    with pytest.raises(ValueError, match="resume with the same config"):
+        run(make_cfg(*over, "method.sigma=60"), tmp_path / "run")
+
+
+def test_g_pate_config_errors_name_the_key(make_cfg) -> None:
+    from dpsyn.methods import METHODS, RunContext
+
+    ctx = RunContext(seed=0, deterministic_noise=True, accountant="rdp", kind="image", shape=(1, 28, 28),
+                     num_classes=10, classes=[str(i) for i in range(10)])
+    for override, key in (("method.bound=smooth", "method.bound"), ("method.teachers=0", "method.teachers"),
+                          ("method.teacher_arch=resnet", "method.teacher_arch"), ("method.clip=-1", "method.clip")):
+        cfg = make_cfg("method=g_pate", override)
+        with pytest.raises(ValueError, match=key):
+            METHODS.get("g_pate")(cfg.method, ctx)
