@@ -47,7 +47,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpsyn.public import _as_dict, _key, _load_cached, _public_data, _resolve, _save, _sha256
+from dpsyn.public import (
+    _as_dict,
+    _key,
+    _load_cached,
+    _positive_int,
+    _public_data,
+    _resolve,
+    _save,
+    _sha256,
+)
 
 __all__ = [
     "DIFFUSION_ARCH_VERSION",
@@ -176,11 +185,6 @@ def check_diffusion_config(public_cfg: dict[str, Any]) -> None:
             raise ValueError(f"{key('resolution')}={res} must be divisible by 8")
         if d.get("dtype", "float32") not in _DTYPES:
             raise ValueError(f"{key('dtype')}={d['dtype']!r}; allowed: {', '.join(_DTYPES)}")
-
-
-def _positive_int(value: Any, key: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{key}={value!r} must be a positive integer")
 
 
 def _number(value: Any, key: str, *, low: float, high: float = math.inf, low_open: bool = False,

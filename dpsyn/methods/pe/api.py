@@ -61,12 +61,6 @@ class Population:
         """The rows ``idx`` (repeats allowed), as a new population."""
         return Population(self.x[idx], self.labels[idx], {k: v[idx] for k, v in self.cond.items()})
 
-    @staticmethod
-    def concat(parts: list[Population]) -> Population:
-        keys = parts[0].cond.keys()
-        return Population(np.concatenate([p.x for p in parts]), np.concatenate([p.labels for p in parts]),
-                          {k: np.concatenate([p.cond[k] for p in parts]) for k in keys})
-
     def state(self) -> dict[str, np.ndarray]:
         """Flat arrays for a checkpoint."""
         return {"x": self.x, "labels": self.labels, **{f"cond/{k}": v for k, v in self.cond.items()}}

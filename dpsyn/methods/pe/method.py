@@ -173,14 +173,14 @@ class PE(Method):
 
     # ---------------------------------------------------------------- set-up
 
-    def _api(self, models: Any, pool: Any) -> PEAPI:
+    def _api(self, models: Any, pool: Any, public: Split) -> PEAPI:
         if self.backend == "icgan":
             return ICGANAPI(models, pool, feature_noise=float(self.cfg.feature_noise))
         from dpsyn.public.diffusion import load_diffusion_model
 
         model = load_diffusion_model(self.ctx.public, cache_dir=self.ctx.cache_dir or ".",
                                      data_dir=self.ctx.data_dir or ".")
-        names, _ = public_class_names(self.ctx, models, self._public)
+        names, _ = public_class_names(self.ctx, models, public)
         public_of_private = np.full(self.ctx.num_classes, -1, dtype=np.int64)
         for public_id, private_id in enumerate(private_label_map(names, list(self.ctx.classes))):
             if private_id >= 0:
@@ -262,7 +262,6 @@ class PE(Method):
             "conditional": self.conditional, "class_proportions": self.class_proportions, "seed": self.ctx.seed,
             "n_private": len(private), "condition": self.condition, "feature_noise": float(self.cfg.feature_noise),
         })
-        self._public = public
         # paper 000's public models: the icgan backend, the encoder embedding, and the labels of unconditional
         # samples need them; conditional PE on a diffusion model with Inception embeddings (CIFAR-10) does not
         need_pool = self.backend == "icgan" or not self.conditional
@@ -270,7 +269,7 @@ class PE(Method):
         self.models = models
         self.pool = build_public_pool(models, public, self.ctx, max_rows=optional_positive_int(
             self.cfg, "public_pool", "pe"), other_classes=self.other_classes) if need_pool else None
-        self.api = self._api(models, self.pool)
+        self.api = self._api(models, self.pool, public)
         embed = self._embedder(models)
         noise_rng = dp_numpy_generator(deterministic=self.ctx.deterministic_noise, seed=self.ctx.seed) if sigma > 0 else None
         declared = " (class proportions declared public: not protected)" if (
@@ -407,12 +406,9 @@ class PE(Method):
         else:
             idx = rng.permutation(len(pop))[:n] if n <= len(pop) else np.concatenate(
                 [rng.permutation(len(pop)), rng.choice(len(pop), size=n - len(pop), replace=True)])
-        fresh = np.zeros(n, dtype=bool)
-        if len(np.unique(idx)) < len(idx):  # "unlimited samples": repeats become variations of the final population
-            first = np.zeros(n, dtype=bool)
-            _, first_pos = np.unique(idx, return_index=True)
-            first[first_pos] = True
-            fresh = ~first
+        # "unlimited samples": every repeat of a population row after its first becomes a variation of it
+        fresh = np.ones(n, dtype=bool)
+        fresh[np.unique(idx, return_index=True)[1]] = False
         out = pop.take(idx)
         if fresh.any():
             varied = self.api.variation_api(out.take(np.flatnonzero(fresh)), degree=self.final_degree,
