@@ -35,7 +35,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +57,7 @@ from dpsyn.privacy import (
     dp_generator,
     pate_max_queries,
 )
+from dpsyn.results.io import atomic_torch_save
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +379,7 @@ class GPATE(Method):
                          answered.float().mean().item(), b * k, ledger.epsilon() if event is not None else math.inf,
                          hp["bound"])
             if ckpt is not None and step % hp["checkpoint_every"] == 0:
-                _save_atomic(ckpt, {
+                atomic_torch_save(ckpt, {
                     "step": step, "fingerprint": self._fingerprint(budget), "G": G.state_dict(),
                     "opt_g": opt_g.state_dict(), "teachers": ens.state_dict(), "opt_teachers": ens.optimizer.state_dict(),
                     "partitions": parts.state_dict(), "gen": gen.get_state(),
@@ -415,10 +415,3 @@ class GPATE(Method):
         }
         return Samples(x, labels, prov)
 
-
-def _save_atomic(path: Path, state: dict[str, Any]) -> None:
-    """Write a checkpoint atomically: a kill during the write leaves the previous one intact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)

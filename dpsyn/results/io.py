@@ -72,6 +72,14 @@ def atomic_save_npz(path: str | Path, **arrays: np.ndarray) -> Path:
     return atomic_write(path, lambda f: np.savez_compressed(f, **arrays))
 
 
+def atomic_torch_save(path: str | Path, obj: Any) -> Path:
+    """``torch.save(obj)`` atomically (a kill during the write leaves the previous file intact); torch is imported
+    here only, so that reading results never needs it."""
+    import torch
+
+    return atomic_write(path, lambda f: torch.save(obj, f))
+
+
 def read_json(path: str | Path) -> Any:
     """Load JSON written by :func:`atomic_write_json`, turning "inf"/"-inf"/"nan" strings back into floats."""
 

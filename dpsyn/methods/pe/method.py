@@ -33,7 +33,6 @@ variations of the final population (the paper's "unlimited samples", Sec. 4.1): 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import math
@@ -213,16 +212,13 @@ class PE(Method):
         return Path(self.ctx.run_dir) / "checkpoints" / "pe.pt"
 
     def _save(self, state: dict[str, Any], ledger: PrivacyLedger) -> None:
-        from dpsyn.results.io import atomic_write
+        from dpsyn.results.io import atomic_torch_save
 
         path = self._ckpt_path()
         if path is None:
             return
-        state = {**state, "version": CHECKPOINT_VERSION, "fingerprint": self.fingerprint,
-                 "ledger": ledger.to_dict(), "history": self.history}
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        atomic_write(path, lambda f: f.write(buffer.getvalue()))
+        atomic_torch_save(path, {**state, "version": CHECKPOINT_VERSION, "fingerprint": self.fingerprint,
+                                 "ledger": ledger.to_dict(), "history": self.history})
 
     def _resume(self, ledger: PrivacyLedger) -> dict[str, Any] | None:
         path = self._ckpt_path()
