@@ -74,7 +74,7 @@ def test_config_names_match_registries() -> None:
         (["-m", "eps=1,0"], "eps=0"),
         (["privacy.delta=1.5"], "privacy.delta=1.5: must lie in (0, 1)"),
         (["privacy.accountant=moments"], "privacy.accountant=moments: unknown accountant; allowed: "),
-        (["method=dp_gan", "dataset=breast_cancer"], "supports image data only; allowed:"),
+        (["method=privgan", "dataset=breast_cancer"], "supports image data only; allowed:"),
         (["no_such_key=1"], "no_such_key"),
     ],
 )

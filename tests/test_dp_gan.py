@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 import torch
 from opacus import GradSampleModule
@@ -148,3 +151,126 @@ def test_a_crashed_run_resumes_from_its_checkpoint_without_spending_twice(make_c
     # a checkpoint made under another calibration is refused
     with pytest.raises(ValueError, match="was trained with noise multiplier"):
         run(make_cfg(*over[:1], "eps=2", *over[2:]), tmp_path / "run")
+
+
+# ------------------------------------------------------------------------------------------------------- tables
+
+
+def _events(result: dict, kind: str) -> list[dict]:
+    return [e for e in result["privacy_events"] if e["kind"] == kind]
+
+
+def test_dp_gan_on_a_table_releases_class_proportions_then_dp_sgd_within_target(make_cfg, tmp_path) -> None:
+    """breast_cancer end to end: Laplace class-ratio release (eps 0.01) + DP-SGD for the rest, total <= eps."""
+    from dpsyn.cli.train import run
+    from dpsyn.privacy import dpsgd_epsilon
+
+    # deterministic noise: at eps 0.01 the Laplace scale (100) is large for breast_cancer's 455 private rows, and
+    # about 1 draw in 9 zeroes a class, leaving a one-class synthetic table that AUROC refuses
+    result = run(make_cfg("method=dp_gan", "dataset=breast_cancer", "eps=1", "metrics.n_samples=300",
+                          "metrics.tabular.classifiers=[logreg]", "privacy.deterministic_noise=true"), tmp_path / "run")
+    (ratio,) = _events(result, "approx_dp")
+    assert ratio["epsilon"] == 0.01 and ratio["delta"] == 0.0 and "Laplace" in ratio["label"]
+    (sgd,) = _events(result, "sampled_gaussian")
+    assert sgd["steps"] == 3  # one epoch of Poisson batches: 1 / sample rate = 455 / 128 -> 3
+    eps_sgd = dpsgd_epsilon(noise_multiplier=sgd["noise_multiplier"], sample_rate=sgd["sample_rate"],
+                            steps=sgd["steps"], delta=result["delta"])
+    assert eps_sgd <= 0.99 * (1 + 1e-9)  # calibrated for the remaining budget
+    assert result["epsilon_spent"] == pytest.approx(0.01 + eps_sgd)
+    assert result["epsilon_spent"] <= 1.0
+    assert "basic composition" in result["accountant"]
+    assert 0.0 <= result["metrics"]["auroc"] <= 1.0
+    samples = np.load(tmp_path / "run" / "samples.npz")
+    assert samples["x"].shape == (300, 30) and samples["x"].min() >= 0 and samples["x"].max() <= 1
+    props = result["sample_provenance"]["class_proportions"]
+    assert len(props) == 2 and sum(props) == pytest.approx(1.0)
+    assert "Laplace" in result["sample_provenance"]["labels"]
+
+
+def test_dp_gan_table_labels_follow_the_released_proportions() -> None:
+    from omegaconf import OmegaConf
+
+    from dpsyn.data.base import Split
+    from dpsyn.methods import METHODS, PrivacyBudget, RunContext
+    from dpsyn.methods.dp_gan import _ProportionalLabelGAN
+    from dpsyn.paths import CONF_DIR
+    from dpsyn.privacy import ApproxDPEvent, PrivacyLedger
+
+    cfg = OmegaConf.load(CONF_DIR / "method" / "dp_gan.yaml")
+    cfg.batch_size, cfg.class_ratio_epsilon = 32, 0.5
+    ctx = RunContext(seed=0, deterministic_noise=True, accountant="rdp", kind="table", shape=(4,), num_classes=3,
+                     classes=["a", "b", "c"], trainer={"max_epochs": 1, "limit_train_batches": 2,
+                                                       "enable_progress_bar": False, "enable_model_summary": False})
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1, 2], [100, 300, 600])
+    private = Split(rng.random((len(y), 4), dtype=np.float32), y)
+    method = METHODS.get("dp_gan")(cfg, ctx)
+    ledger = PrivacyLedger(target_epsilon=2.0, delta=1e-5)
+    method.fit(private, PrivacyBudget(epsilon=2.0, delta=1e-5), ledger)
+    assert isinstance(ledger.events[0], ApproxDPEvent) and ledger.events[0].epsilon == 0.5
+    assert ledger.check_within_budget() <= 2.0
+    props = method.label_probs
+    np.testing.assert_allclose(props, [0.1, 0.3, 0.6], atol=0.02)  # Laplace scale 2 on counts of 1000 rows
+
+    samples = method.sample(20_000)
+    assert samples.x.shape == (20_000, 4) and samples.y.dtype == np.int64
+    np.testing.assert_allclose(np.bincount(samples.y, minlength=3) / 20_000, props, atol=0.015)
+    given = method.sample(10, labels=np.full(10, 2))
+    assert (given.y == 2).all()
+    # the generator's fake labels during training follow the proportions too (post-processing of the release)
+    assert isinstance(method.module, _ProportionalLabelGAN)
+    torch.manual_seed(0)
+    _, y_fake = method.module._latent(20_000)
+    np.testing.assert_allclose(np.bincount(y_fake.numpy(), minlength=3) / 20_000, props, atol=0.015)
+
+
+@pytest.mark.parametrize("value", [1.0, 2.0, 0.0, -0.1])
+def test_dp_gan_class_ratio_epsilon_must_leave_budget_for_dp_sgd(make_cfg, tmp_path, value: float) -> None:
+    from dpsyn.cli.train import run
+
+    with pytest.raises(ValueError, match="method.class_ratio_epsilon"):
+        run(make_cfg("method=dp_gan", "dataset=breast_cancer", "eps=1", f"method.class_ratio_epsilon={value}"),
+            tmp_path / "run")
+
+
+def test_dp_gan_table_without_privacy_uses_exact_proportions(make_cfg, tmp_path) -> None:
+    from dpsyn.cli.train import run
+
+    result = run(make_cfg("method=dp_gan", "dataset=breast_cancer", "eps=inf", "metrics.n_samples=200",
+                          "metrics.tabular.classifiers=[logreg]"), tmp_path / "run")
+    assert [e["kind"] for e in result["privacy_events"]] == ["non_private"]
+    assert result["epsilon_spent"] == float("inf")
+    props = result["sample_provenance"]["class_proportions"]
+    assert props[0] == pytest.approx(170 / 455, abs=1e-3)  # malignant share of breast_cancer's private rows
+
+
+def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, monkeypatch) -> None:
+    """Crash mid-training: the re-run resumes with the class proportions it released, charged once."""
+    from dpsyn.cli.train import run
+    from dpsyn.lit import gan
+
+    over = ("method=dp_gan", "dataset=breast_cancer", "eps=1", "trainer.limit_train_batches=4",
+            "method.checkpoint_every=2", "method.batch_size=32", "metrics.n_samples=100",
+            "metrics.tabular.classifiers=[logreg]", "privacy.deterministic_noise=true")
+    original = gan.GANModule.training_step
+
+    def crash_at_3(self, batch, idx):
+        if self.dp_steps == 3:
+            raise RuntimeError("killed")
+        return original(self, batch, idx)
+
+    monkeypatch.setattr(gan.GANModule, "training_step", crash_at_3)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*over), tmp_path / "run")
+    saved = tmp_path / "run" / "checkpoints" / "class_proportions.json"
+    state = json.loads(saved.read_text())
+    assert state["epsilon"] == 0.01 and len(state["proportions"]) == 2
+    # mark the saved release: a re-run that re-released (fresh noise, charged again) would not return the mark
+    saved.write_text(json.dumps({**state, "proportions": [0.25, 0.75]}))
+    monkeypatch.setattr(gan.GANModule, "training_step", original)
+    result = run(make_cfg(*over), tmp_path / "run")
+    assert len(_events(result, "approx_dp")) == 1 and _events(result, "sampled_gaussian")[0]["steps"] == 4
+    assert result["sample_provenance"]["class_proportions"] == [0.25, 0.75]
+    assert result["epsilon_spent"] <= 1.0
+    with pytest.raises(ValueError, match="class_ratio_epsilon"):
+        run(make_cfg(*over, "method.class_ratio_epsilon=0.02"), tmp_path / "run")

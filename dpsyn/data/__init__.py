@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsyn.data import fmnist, real, sklearn_sets  # noqa: F401 - explicit imports register the loaders
+from dpsyn.data import tables  # noqa: F401 - registers kaggle_credit (real tables)
 from dpsyn.data.base import DataBundle, Split
 from dpsyn.data.common import DATASETS, cfg_get
 from dpsyn.data.idx import DataFormatError, read_idx

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dpsyn.data.base import Split
-from dpsyn.privacy import PrivacyLedger
+from dpsyn.privacy import ApproxDPEvent, PrivacyLedger, dp_class_proportions, dp_numpy_generator
 from dpsyn.registry import Registry
 
 METHODS: Registry = Registry("method")
@@ -127,3 +127,40 @@ class Method(ABC):
     def uniform_labels(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """Labels spread evenly over the classes (a public choice: the private class proportions are not used)."""
         return rng.permutation(np.arange(n) % self.ctx.num_classes).astype(np.int64)
+
+    def release_class_proportions(
+        self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, epsilon: float,
+        released: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, PrivacyBudget]:
+        """G-PATE's first step on tables: the class proportions released with the Laplace mechanism at ``epsilon``
+        (:func:`dpsyn.privacy.dp_class_proportions`, recorded as ``ApproxDPEvent(epsilon, delta=0)``), and the budget
+        left for the generator (basic composition: ``budget.epsilon - epsilon``, same delta).
+
+        A non-private run (eps = inf) uses the exact proportions and charges nothing here (its ledger is already
+        non-private). ``released``: proportions this run already released (a resumed run's checkpoint): they are
+        charged again in this (fresh) ledger and returned, and no new noise is drawn (a second draw would be a second
+        release).
+
+        Raises:
+            ValueError: ``epsilon`` not in (0, budget.epsilon).
+        """
+        y = np.asarray(private.y).astype(np.int64)
+        if not budget.private:
+            return np.bincount(y, minlength=self.ctx.num_classes) / max(len(y), 1), budget
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < budget.epsilon:
+            raise ValueError(f"class-ratio epsilon {epsilon!r} must lie in (0, eps={budget.epsilon:g})")
+        if released is not None:
+            props = np.asarray(released, dtype=np.float64)
+            if props.shape != (self.ctx.num_classes,):
+                raise ValueError(f"released class proportions of shape {props.shape} for {self.ctx.num_classes} classes")
+        else:
+            gen = dp_numpy_generator(deterministic=self.ctx.deterministic_noise, seed=self.ctx.seed)
+            props = dp_class_proportions(y, self.ctx.num_classes, epsilon=float(epsilon), generator=gen)
+        ledger.add(ApproxDPEvent(epsilon=float(epsilon), delta=0.0,
+                                 label=f"class proportions (Laplace mechanism, L1 sensitivity 1, eps={epsilon:g})"))
+        return props, PrivacyBudget(budget.epsilon - float(epsilon), budget.delta)
+
+    def labels_from_proportions(self, n: int, proportions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``n`` labels drawn i.i.d. from the (released) class ``proportions``."""
+        p = np.asarray(proportions, dtype=np.float64)
+        return rng.choice(len(p), size=n, p=p / p.sum()).astype(np.int64)

@@ -1,14 +1,24 @@
-"""``dp_gan``: DP-GAN (Xie et al. 2018) — a class-conditional DCGAN whose discriminator is trained with DP-SGD.
+"""``dp_gan``: DP-GAN (Xie et al. 2018) — a class-conditional GAN whose discriminator is trained with DP-SGD.
 
 The baseline of papers 000 and 002. The discriminator is the only part that touches private data; it is trained
 with Opacus DP-SGD (per-sample clipping, Gaussian noise) under Poisson sampling, accounted with the configured
 accountant (RDP by default); the generator is post-processing. The noise multiplier is calibrated once, before
 training, for the exact number of discriminator steps the Trainer will run, so the run spends at most its target.
+
+Images: a conditional DCGAN; labels of the samples are uniform over the classes (a public choice).
+Tables (G-PATE's Kaggle protocol, paper 002 Sec. 5): conditional MLPs (``table_g_hidden``/``table_d_hidden``).
+The class proportions are first released with the Laplace mechanism at ``class_ratio_epsilon``
+(:meth:`~dpsyn.methods.base.Method.release_class_proportions`); DP-SGD is calibrated for the remaining
+``eps - class_ratio_epsilon`` at the same delta (basic composition: the ledger adds the two), the generator's fake
+labels during training and the samples' labels are drawn from the released proportions (post-processing), so an
+unbalanced table such as Kaggle Credit (0.17% fraud) keeps its class ratio.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +30,9 @@ from dpsyn.data.base import Split
 from dpsyn.lit.gan import GANModule, PeriodicCheckpoint, planned_steps
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
+from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
 from dpsyn.privacy import (
+    ApproxDPEvent,
     NonPrivateEvent,
     PrivacyLedger,
     SampledGaussianEvent,
@@ -47,11 +59,84 @@ def _check_resumable(ckpt: Path, dp: dict[str, Any] | None) -> int:
     return int(state["dp_steps"])
 
 
+class _ProportionalLabelGAN(GANModule):
+    """:class:`GANModule` whose fake labels are drawn from the released class proportions instead of uniformly.
+
+    With uniform fake labels on an unbalanced table the conditional discriminator could tell fakes by their label
+    alone (a "fraud" row would almost always be fake). The proportions are a DP release, so this is post-processing.
+    """
+
+    def __init__(self, *, label_probs: np.ndarray, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.register_buffer("label_probs", torch.as_tensor(np.asarray(label_probs), dtype=torch.float32))
+
+    def _latent(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        z = torch.randn(n, self.z_dim, device=self.device)
+        y = torch.multinomial(self.label_probs, n, replacement=True) if n > 0 else torch.zeros(0, dtype=torch.long)
+        return z, y.to(self.device)
+
+
+def _hidden(cfg: Any, key: str) -> tuple[int, ...]:
+    """A config list of hidden-layer widths as a tuple of positive ints."""
+    value = cfg.get(key) if hasattr(cfg, "get") else getattr(cfg, key, None)
+    widths = list(value) if value is not None and not isinstance(value, (str, int)) else None
+    if not widths or not all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths):
+        raise ValueError(f"method.{key}={value!r} must be a non-empty list of positive integers (layer widths)")
+    return tuple(widths)
+
+
+def _class_ratio_epsilon(cfg: Any, budget: PrivacyBudget) -> float:
+    value = cfg.get("class_ratio_epsilon") if hasattr(cfg, "get") else getattr(cfg, "class_ratio_epsilon", None)
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
+    if bad or (budget.private and not value < budget.epsilon):
+        raise ValueError(
+            f"method.class_ratio_epsilon={value!r} must be a number in (0, eps={budget.epsilon:g}) "
+            "(the Laplace release of the class proportions; DP-SGD gets the rest)"
+        )
+    return float(value)
+
+
 @METHODS.register("dp_gan")
 class DPGAN(Method):
-    """DP-GAN on images (see the module docstring)."""
+    """DP-GAN on images and tables (see the module docstring)."""
 
-    kinds = ("image",)
+    kinds = ("image", "table")
+    label_probs: np.ndarray | None = None
+    _labels_note = ""
+
+    def _table_class_proportions(
+        self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger
+    ) -> tuple[np.ndarray, PrivacyBudget]:
+        """Release the class proportions (once per run directory: a resumed run reuses the release it made and
+        charges it once) and return them with the budget left for DP-SGD."""
+        eps_ratio = _class_ratio_epsilon(self.cfg, budget)
+        saved = Path(self.ctx.run_dir) / "checkpoints" / "class_proportions.json" if self.ctx.run_dir else None
+        if budget.private and saved is not None and saved.is_file():
+            state = json.loads(saved.read_text())
+            if state["epsilon"] != eps_ratio or len(state["proportions"]) != self.ctx.num_classes:
+                raise ValueError(
+                    f"{saved} was released at class_ratio_epsilon={state['epsilon']}, this config asks for "
+                    f"{eps_ratio}: resume with the same config, or use a new run directory"
+                )
+            ledger.add(ApproxDPEvent(epsilon=eps_ratio, delta=0.0, label=state["label"]))
+            self._labels_note = (
+                f"drawn from the class proportions released with the Laplace mechanism at eps={eps_ratio:g}"
+            )
+            log.info("reusing the class proportions released before the interruption (%s)", saved)
+            return np.asarray(state["proportions"], dtype=np.float64), PrivacyBudget(
+                budget.epsilon - eps_ratio, budget.delta
+            )
+        props, remaining = self.release_class_proportions(private, budget, ledger, eps_ratio)
+        if budget.private and saved is not None:
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            label = ledger.events[-1].label
+            tmp = saved.with_name(f".{saved.name}.tmp")
+            tmp.write_text(json.dumps({"epsilon": eps_ratio, "proportions": props.tolist(), "label": label}))
+            tmp.replace(saved)
+        how = f"released with the Laplace mechanism at eps={eps_ratio:g}" if budget.private else "exact (eps=inf)"
+        self._labels_note = f"drawn from the class proportions {how}"
+        log.info("class proportions %s %s; DP-SGD gets eps=%g", np.round(props, 4).tolist(), how, remaining.epsilon)
+        return props, remaining
 
     def fit(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
@@ -60,15 +145,29 @@ class DPGAN(Method):
 
         cfg, ctx = self.cfg, self.ctx
         L.seed_everything(ctx.seed, workers=True, verbose=False)
-        channels, resolution = ctx.shape[0], ctx.shape[1]
-        G = CondDCGANGenerator(
-            z_dim=cfg.z_dim, num_classes=ctx.num_classes, channels=channels, resolution=resolution, ngf=cfg.ngf
-        )
-        D: Any = CondDCGANDiscriminator(num_classes=ctx.num_classes, channels=channels, resolution=resolution, ndf=cfg.ndf)
+        table = ctx.kind == "table"
+        if table:
+            g_hidden, d_hidden = _hidden(cfg, "table_g_hidden"), _hidden(cfg, "table_d_hidden")
         data = TensorDataset(torch.from_numpy(private.x), torch.from_numpy(private.y))
         n, batch = len(data), int(cfg.batch_size)
         if batch > n:
             raise ValueError(f"method.batch_size={batch} exceeds the {n} private examples")
+        self.label_probs = None
+        if table:
+            # first release (Laplace, eps = class_ratio_epsilon); DP-SGD is calibrated for what is left
+            self.label_probs, budget = self._table_class_proportions(private, budget, ledger)
+            G: Any = CondMLPGenerator(
+                z_dim=int(cfg.z_dim), num_classes=ctx.num_classes, shape=ctx.shape, hidden=g_hidden
+            )
+            D: Any = CondMLPDiscriminator(num_classes=ctx.num_classes, shape=ctx.shape, hidden=d_hidden)
+        else:
+            channels, resolution = ctx.shape[0], ctx.shape[1]
+            G = CondDCGANGenerator(
+                z_dim=cfg.z_dim, num_classes=ctx.num_classes, channels=channels, resolution=resolution, ngf=cfg.ngf
+            )
+            D = CondDCGANDiscriminator(
+                num_classes=ctx.num_classes, channels=channels, resolution=resolution, ndf=cfg.ndf
+            )
         trainer_kwargs = dict(ctx.trainer)
         epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
 
@@ -106,7 +205,7 @@ class DPGAN(Method):
             loader = DataLoader(
                 data, batch_size=batch, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(ctx.seed)
             )
-        self.module = GANModule(
+        module_kwargs: dict[str, Any] = dict(
             generator=G,
             discriminator=D,
             z_dim=int(cfg.z_dim),
@@ -117,6 +216,10 @@ class DPGAN(Method):
             beta1=float(cfg.beta1),
             dp=dp,
         )
+        if self.label_probs is not None:
+            self.module: GANModule = _ProportionalLabelGAN(label_probs=self.label_probs, **module_kwargs)
+        else:
+            self.module = GANModule(**module_kwargs)
         callbacks, ckpt_path = [], None
         if ctx.run_dir is not None and int(cfg.checkpoint_every) > 0:
             ckpt = Path(ctx.run_dir) / "checkpoints" / "last.ckpt"
@@ -155,8 +258,16 @@ class DPGAN(Method):
 
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
         rng = np.random.default_rng(self.ctx.seed)
-        if labels is None:
+        how = "given"
+        if labels is None and self.label_probs is not None:
+            labels = self.labels_from_proportions(n, self.label_probs, rng)
+            how = self._labels_note
+        elif labels is None:
             labels = self.uniform_labels(n, rng)
+            how = "uniform over classes (public choice)"
         torch.manual_seed(self.ctx.seed)
-        x = self.module.generate(torch.from_numpy(labels)).numpy().astype(np.float32)
-        return Samples(x, labels, {"method": "dp_gan", "labels": "uniform over classes (public choice)"})
+        x = self.module.generate(torch.from_numpy(np.asarray(labels, dtype=np.int64))).numpy().astype(np.float32)
+        provenance: dict[str, Any] = {"method": "dp_gan", "labels": how}
+        if self.label_probs is not None:
+            provenance["class_proportions"] = [float(p) for p in self.label_probs]
+        return Samples(x, labels, provenance)

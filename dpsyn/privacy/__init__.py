@@ -8,6 +8,8 @@ Public API (keyword-only arguments, Opacus's names):
 * :func:`pate_epsilon` / :func:`pate_privacy` — Confident-GNMax RDP (PATE 2018), data-dependent or not;
   :func:`confident_gnmax` the mechanism (torch); :func:`pate_max_queries` the queries a budget allows;
   :func:`pate_smooth_release` the smooth-sensitivity release of the data-dependent epsilon.
+* :func:`dp_class_proportions` / :func:`dp_class_counts` — the Laplace mechanism on class counts (G-PATE's
+  class-ratio release on tables).
 * :class:`PrivacyLedger` and its events — every release recorded, composed, saved as ``privacy.json``.
 * :func:`dp_generator` / :func:`dp_numpy_generator` — generators for DP noise, seeded from OS entropy.
 
@@ -26,6 +28,7 @@ from dpsyn.privacy.gaussian import (
     gdp_mu,
     gdp_noise_multiplier,
 )
+from dpsyn.privacy.laplace import dp_class_counts, dp_class_proportions, laplace_scale
 from dpsyn.privacy.ledger import (
     ApproxDPEvent,
     BudgetExceededError,
@@ -84,6 +87,8 @@ __all__ = [
     "check_smooth_sensitivity_conditions",
     "confident_gnmax",
     "confident_gnmax_rdp",
+    "dp_class_counts",
+    "dp_class_proportions",
     "dp_generator",
     "dp_numpy_generator",
     "dpsgd_epsilon",
@@ -101,6 +106,7 @@ __all__ = [
     "gnmax_rdp_data_independent",
     "gnmax_rdp_from_logq",
     "gnss_rdp",
+    "laplace_scale",
     "pate_bound_for_release",
     "pate_data_independent_epsilon",
     "pate_epsilon",
