@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -219,6 +220,61 @@ def test_a_crashed_g_pate_run_resumes_without_spending_twice(make_cfg, tmp_path,
     assert result["epsilon_spent"] <= 1.0
     with pytest.raises(ValueError, match="resume with the same config"):
         run(make_cfg(*over, "method.sigma=60"), tmp_path / "run")
+
+
+TABLE = ("method=g_pate", "dataset=breast_cancer", "method.teachers=20", "method.batch_size=4",
+         "method.projection_dim=2", "method.sigma_threshold=100", "method.sigma=50", "method.threshold=10",
+         "method.d_hidden=[8]", "method.g_hidden=[8]", "method.z_dim=4", "privacy.deterministic_noise=true")
+
+
+def test_g_pate_on_a_table_releases_the_class_ratio_first_and_reports_auroc(make_cfg, tmp_path) -> None:
+    """The paper's tabular protocol: Laplace class proportions (eps 0.01, delta 0) + G-PATE on the rest, <= target;
+    samples follow the released proportions; AUROC is reported."""
+    from dpsyn.cli.train import run
+    from dpsyn.privacy import pate_data_independent_epsilon
+
+    result = run(make_cfg(*TABLE, "eps=1", "method.class_ratio_epsilon=0.05", "metrics.n_samples=400",
+                          "metrics.tabular.classifiers=[logreg]"), tmp_path / "run")
+    ratio, pate = result["privacy_events"]
+    assert ratio["kind"] == "approx_dp" and ratio["epsilon"] == 0.05 and ratio["delta"] == 0.0
+    assert "Laplace" in ratio["label"]
+    assert pate["kind"] == "pate" and pate["queries"] == 5 * 4 * 2
+    # basic composition of the Laplace release with the PATE event, both at the run's delta
+    assert result["epsilon_spent"] == pytest.approx(
+        0.05 + pate_data_independent_epsilon(queries=40, sigma_threshold=100, sigma=50, delta=1e-5))
+    assert result["epsilon_spent"] <= 1.0
+    props = result["sample_provenance"]["class_proportions"]
+    assert len(props) == 2 and sum(props) == pytest.approx(1.0) and min(props) >= 0
+    labels = np.load(tmp_path / "run" / "samples.npz")["y"]  # 400 labels drawn from the released proportions
+    assert len(labels) == 400 and abs(labels.mean() - props[1]) < 0.1
+    assert 0 <= result["metrics"]["auroc"] <= 1
+    with pytest.raises(ValueError, match="needs images"):
+        run(make_cfg(*TABLE, "method.teacher_arch=conv"), tmp_path / "bad")
+
+
+def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, monkeypatch) -> None:
+    """A crash after the Laplace release: the re-run charges that release once and draws no new noise."""
+    from dpsyn.cli.train import run
+
+    over = (*TABLE, "eps=1", "method.checkpoint_every=2", "metrics.names.table=[]", "metrics.n_samples=50")
+    original, calls = g_pate.aggregate_votes, {"n": 0}
+
+    def crash_in_step_4(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("killed")
+        return original(*a, **k)
+
+    monkeypatch.setattr(g_pate, "aggregate_votes", crash_in_step_4)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*over), tmp_path / "run")
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "g_pate.pt", weights_only=False)["class_proportions"]
+    monkeypatch.setattr(g_pate, "aggregate_votes", original)
+    monkeypatch.setattr("dpsyn.methods.base.dp_class_proportions", lambda *a, **k: pytest.fail("drew new noise"))
+    result = run(make_cfg(*over), tmp_path / "run")
+    ratio, pate = result["privacy_events"]
+    assert ratio["kind"] == "approx_dp" and pate["queries"] == 5 * 8
+    assert result["sample_provenance"]["class_proportions"] == pytest.approx(list(saved))
 
 
 def test_g_pate_config_errors_name_the_key(make_cfg) -> None:

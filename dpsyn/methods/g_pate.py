@@ -25,8 +25,12 @@ Teachers as the paper: the reference code shrinks the batch to the partition siz
 (15 rows per teacher for 4000 teachers on 60k images); here the teachers' batch is ``min(batch_size, partition)``
 unless ``method.teacher_batch`` is set, and the generator keeps ``batch_size``.
 
-Images only: the paper's tabular variant (MLP teacher/generator, a Laplace release of the class ratio) is not
-implemented yet (``kinds``), although :class:`dpsyn.nets.ensemble.CondMLPTeacher` teachers work on any shape.
+Tables (the paper's Kaggle Credit protocol, Sec. 5): fully connected teachers (:class:`CondMLPTeacher`) and
+generator (:class:`dpsyn.nets.mlp_gan.CondMLPGenerator`, rows in [0, 1] like the min-max scaled tables), and two
+steps: the class proportions are released first with the Laplace mechanism at ``method.class_ratio_epsilon`` (the
+paper: 0.01 of eps=1; :meth:`Method.release_class_proportions`, an ``ApproxDPEvent`` in the ledger), then the
+generator trains on the rest of the budget with labels drawn from the released proportions, and samples follow them.
+Images use labels uniform over the classes (a public choice).
 Non-private runs (eps=inf) use the same votes without noise or threshold (their plain argmax).
 """
 
@@ -48,6 +52,7 @@ from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, CondMLPTeacher, TeacherEnsemble, TeacherPartitions
+from dpsyn.nets.mlp_gan import CondMLPGenerator
 from dpsyn.privacy import (
     PATE_BOUNDS,
     NonPrivateEvent,
@@ -61,7 +66,7 @@ from dpsyn.results.io import atomic_torch_save
 
 log = logging.getLogger(__name__)
 
-TEACHER_ARCHS = ("conv", "dcgan", "mlp")
+TEACHER_ARCHS = ("auto", "conv", "dcgan", "mlp")  # auto: conv on images, mlp on tables
 CHECKPOINT = "g_pate.pt"
 
 
@@ -195,9 +200,9 @@ def _positive_float(cfg: Any, key: str) -> float:
 
 @METHODS.register("g_pate")
 class GPATE(Method):
-    """G-PATE on images (see the module docstring)."""
+    """G-PATE on images and tables (see the module docstring)."""
 
-    kinds = ("image",)
+    kinds = ("image", "table")
 
     def __init__(self, cfg: Any, ctx: Any) -> None:
         super().__init__(cfg, ctx)
@@ -232,10 +237,15 @@ class GPATE(Method):
         if cfg.get("teacher_arch") not in TEACHER_ARCHS:
             raise ValueError(f"method.teacher_arch={cfg.get('teacher_arch')!r}; allowed: {', '.join(TEACHER_ARCHS)}")
         hp["teacher_arch"] = str(cfg.teacher_arch)
-        hidden = cfg.get("d_hidden")
-        if hidden is None or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
-            raise ValueError(f"method.d_hidden={hidden!r}: must be a list of layer widths >= 1 (mlp teachers)")
-        hp["d_hidden"] = [int(h) for h in hidden]
+        for key in ("d_hidden", "g_hidden"):
+            hidden = cfg.get(key)
+            if not hidden or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
+                raise ValueError(f"method.{key}={hidden!r}: must be a non-empty list of layer widths >= 1")
+            hp[key] = [int(h) for h in hidden]
+        cre = cfg.get("class_ratio_epsilon")
+        if isinstance(cre, bool) or not isinstance(cre, (int, float)) or not 0 < float(cre) < math.inf:
+            raise ValueError(f"method.class_ratio_epsilon={cre!r}: must be a number > 0 (tables only)")
+        hp["class_ratio_epsilon"] = float(cre)
         chunk = cfg.get("teacher_chunk")
         if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
             raise ValueError(f"method.teacher_chunk={chunk!r}: must be null (all teachers at once) or >= 1")
@@ -245,18 +255,36 @@ class GPATE(Method):
 
     # ---- building blocks ----------------------------------------------------------------------------------
 
+    def _arch(self) -> str:
+        """The teacher architecture: ``auto`` is conv on images and mlp on tables; conv/dcgan need images."""
+        arch, kind = self.hp["teacher_arch"], self.ctx.kind
+        if arch == "auto":
+            return "conv" if kind == "image" else "mlp"
+        if kind != "image" and arch != "mlp":
+            raise ValueError(f"method.teacher_arch={arch} needs images; a {kind} dataset takes mlp (or auto)")
+        return arch
+
     def _make_teacher(self) -> Callable[[], nn.Module]:
         hp, ctx = self.hp, self.ctx
+        arch = self._arch()
+        if arch == "mlp":
+            return lambda: CondMLPTeacher(num_classes=ctx.num_classes, shape=ctx.shape, hidden=hp["d_hidden"])
         channels, resolution = ctx.shape[0], ctx.shape[1]
-        if hp["teacher_arch"] == "conv":
+        if arch == "conv":
             return lambda: CondConvTeacher(
                 num_classes=ctx.num_classes, channels=channels, resolution=resolution, ndf=hp["ndf"]
             )
-        if hp["teacher_arch"] == "dcgan":
-            return lambda: CondDCGANDiscriminator(
-                num_classes=ctx.num_classes, channels=channels, resolution=resolution, ndf=hp["ndf"]
-            )
-        return lambda: CondMLPTeacher(num_classes=ctx.num_classes, shape=ctx.shape, hidden=hp["d_hidden"])
+        return lambda: CondDCGANDiscriminator(
+            num_classes=ctx.num_classes, channels=channels, resolution=resolution, ndf=hp["ndf"]
+        )
+
+    def _make_generator(self) -> nn.Module:
+        hp, ctx = self.hp, self.ctx
+        if ctx.kind == "image":
+            return CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=ctx.shape[0],
+                                      resolution=ctx.shape[1], ngf=hp["ngf"])
+        return CondMLPGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, shape=ctx.shape,
+                                hidden=tuple(hp["g_hidden"]))
 
     def _max_steps(self) -> int:
         """``method.steps``, capped by an integer ``trainer.limit_train_batches`` (``trainer=debug``: 5)."""
@@ -269,7 +297,7 @@ class GPATE(Method):
     def _fingerprint(self, budget: PrivacyBudget) -> dict[str, Any]:
         """What a checkpoint must share with this run to be resumed."""
         keys = ("teachers", "batch_size", "projection_dim", "bins", "clip", "sigma_threshold", "sigma", "threshold",
-                "bound", "teacher_arch", "ndf", "d_hidden", "z_dim", "ngf", "shuffle")
+                "bound", "teacher_arch", "ndf", "d_hidden", "g_hidden", "z_dim", "ngf", "shuffle", "class_ratio_epsilon")
         return {**{k: self.hp[k] for k in keys}, "eps": budget.epsilon, "delta": budget.delta, "seed": self.ctx.seed}
 
     # ---- training -----------------------------------------------------------------------------------------
@@ -288,9 +316,7 @@ class GPATE(Method):
         tb = hp["teacher_batch"] or min(hp["batch_size"], parts.size)
         if tb > parts.size:
             raise ValueError(f"method.teacher_batch={tb} exceeds the {parts.size} rows of each of the {n_teachers} partitions")
-        channels, resolution = ctx.shape[0], ctx.shape[1]
-        G = CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=channels,
-                               resolution=resolution, ngf=hp["ngf"]).to(device)
+        G = self._make_generator().to(device)
         ens = TeacherEnsemble(self._make_teacher(), n_teachers, lr=hp["lr_d"], betas=(hp["beta1"], 0.999),
                               chunk_size=hp["teacher_chunk"], device=device)
         opt_g = torch.optim.Adam(G.parameters(), lr=hp["lr_g"], betas=(hp["beta1"], 0.999))
@@ -304,7 +330,7 @@ class GPATE(Method):
             dp_gen = dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=str(device))
         else:
             event, dp_gen = None, None
-        start = 0
+        start, state = 0, None
         ckpt = Path(ctx.run_dir) / "checkpoints" / CHECKPOINT if ctx.run_dir is not None and hp["checkpoint_every"] else None
         if ckpt is not None and ckpt.is_file():
             state = torch.load(ckpt, map_location="cpu", weights_only=False)  # load_state_dict moves to device
@@ -313,6 +339,16 @@ class GPATE(Method):
                     f"{ckpt} was made with {state['fingerprint']}, this run has {self._fingerprint(budget)}: "
                     "resume with the same config, or use a new run directory"
                 )
+        # tables: the class proportions, released once (Laplace) before anything else; a resumed run reuses them
+        self.proportions: np.ndarray | None = None
+        if ctx.kind != "image":
+            self.proportions, rest = self.release_class_proportions(
+                private, budget, ledger, hp["class_ratio_epsilon"],
+                released=None if state is None else state.get("class_proportions"),
+            )
+        else:
+            rest = budget
+        if state is not None:
             start = int(state["step"])
             G.load_state_dict(state["G"])
             opt_g.load_state_dict(state["opt_g"])
@@ -329,10 +365,12 @@ class GPATE(Method):
         if event is None:
             ledger.add(NonPrivateEvent(label="g_pate trained without noise (eps=inf): plain argmax of the votes"))
         elif hp["bound"] == "data_independent":
-            q = pate_max_queries(epsilon=budget.epsilon, sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"],
-                                 delta=budget.delta)
-            log.info("g_pate: the data-independent bound allows %d queries = %d steps of %d (eps=%g, delta=%g)",
-                     q, q // (b * k), b * k, budget.epsilon, budget.delta)
+            q = pate_max_queries(epsilon=rest.epsilon, sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"],
+                                 delta=rest.delta)
+            log.info("g_pate: the data-independent bound allows about %d queries = %d steps of %d (eps=%g, delta=%g)",
+                     q, q // (b * k), b * k, rest.epsilon, rest.delta)
+        # training labels: uniform over the classes (images), or drawn from the released proportions (tables)
+        label_probs = None if self.proportions is None else torch.as_tensor(self.proportions, dtype=torch.float32)
 
         max_steps = self._max_steps()
         self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": parts.size}
@@ -341,7 +379,10 @@ class GPATE(Method):
         G.train()
         while step < max_steps:
             z = torch.randn(b, hp["z_dim"], generator=gen).to(device)
-            y = torch.randint(0, ctx.num_classes, (b,), generator=gen).to(device)  # labels uniform (public)
+            if label_probs is None:
+                y = torch.randint(0, ctx.num_classes, (b,), generator=gen).to(device)  # labels uniform (public)
+            else:
+                y = torch.multinomial(label_probs, b, replacement=True, generator=gen).to(device)
             fake = G(z, y)
             # teachers: Adam steps on their own partitions' rows vs the student's current fakes (shared by all)
             for _ in range(hp["teacher_steps"]):
@@ -385,6 +426,7 @@ class GPATE(Method):
                     "partitions": parts.state_dict(), "gen": gen.get_state(),
                     "event": event.to_dict() if event is not None else None,
                     "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
+                    "class_proportions": self.proportions,
                 })
         G.eval()
         self.G, self.device = G, device
@@ -396,7 +438,9 @@ class GPATE(Method):
     @torch.no_grad()
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
         rng = np.random.default_rng(self.ctx.seed)
-        if labels is None:
+        if labels is None and self.proportions is not None:
+            labels = self.labels_from_proportions(n, self.proportions, rng)
+        elif labels is None:
             labels = self.uniform_labels(n, rng)
         gen = torch.Generator().manual_seed(self.ctx.seed + 1)
         out = []
@@ -407,10 +451,13 @@ class GPATE(Method):
         x = torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, *self.ctx.shape), np.float32)
         prov = {
             "method": "g_pate",
-            "labels": "uniform over classes (public choice)",
+            "labels": "uniform over classes (public choice)" if self.proportions is None else
+                      "drawn from the Laplace-released class proportions",
+            "class_proportions": None if self.proportions is None else [float(p) for p in self.proportions],
             "accountant": "confident-gnmax rdp (Papernot et al. 2018; dpsyn.privacy.pate)",
             "bound": self.hp["bound"],
             "teachers": self.hp["teachers"],
+            "projection_dim": self.hp["projection_dim"],
             **{k: v for k, v in self.train_log.items() if k != "fit_s"},
         }
         return Samples(x, labels, prov)
