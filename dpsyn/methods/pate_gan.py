@@ -1,0 +1,410 @@
+"""``pate_gan``: PATE-GAN (Jordon, Yoon & van der Schaar, ICLR 2019), a baseline of paper 002 (G-PATE) — a
+generator trained against a student discriminator that only ever sees generated samples, labelled real/fake by the
+privately aggregated votes of N teacher discriminators trained on disjoint partitions of the private data.
+
+Per step (Algorithm 1 of Jordon et al., with the data kept where it belongs):
+
+* Teachers (:func:`teacher_update`): N binary classifiers real-vs-fake, teacher i trained ONLY on the i-th of N
+  disjoint partitions of the private rows (:class:`dpsyn.nets.ensemble.TeacherPartitions`; label 1) against the
+  generator's current samples (label 0), ``teacher_steps`` Adam steps each
+  (:class:`dpsyn.nets.ensemble.TeacherEnsemble`, the N teachers as one batched computation).
+* Student labels (:func:`binary_votes`, :func:`student_labels`): ``batch_size`` fresh generated samples, one query
+  each; teacher i votes 1 ("real") where its logit is > 0, else 0; the (b, 2) vote histogram is answered by
+  Confident-GNMax (:func:`dpsyn.privacy.confident_gnmax`: a noisy threshold check with ``sigma_threshold`` against
+  ``threshold``, then the noisy argmax with ``sigma``). Unanswered samples are dropped from the student's batch.
+* Student S (:func:`student_step`): BCE on the answered generated samples and their aggregated labels, nothing else.
+* Generator G(z, y): the non-saturating loss BCE(S(G(z, y)), 1). G only sees S.
+
+Two bugs shipped by other implementations are ruled out by construction and by tests: teachers trained on the same
+or overlapping data (here each teacher's batch comes from its own partition only), and a student trained on real
+rows (here S's inputs are generator outputs only).
+
+Departure from Jordon et al.: they aggregate with the Laplace noisy max (PATE, Papernot et al. 2017) and account
+with the moments accountant; dpsyn uses Confident-GNMax (Papernot et al. 2018), the tighter aggregator whose RDP
+composes in dpsyn's PATE accountant (:mod:`dpsyn.privacy.pate`), as G-PATE does, so the two methods of paper 002
+are accounted the same way.
+
+Privacy: S, and through it G, only see the aggregated answers, so the run's privacy is that of the queries, ``b``
+per step: one :class:`dpsyn.privacy.PATEEvent` in the ledger, every step's votes recorded before their answers are
+used; ``method.bound`` as in :mod:`dpsyn.methods.g_pate` (``data_independent`` by default). Training stops before a
+step whose queries would take the ledger past the target, or at ``method.steps``. On tables the class proportions
+are first released with the Laplace mechanism at ``method.class_ratio_epsilon`` (G-PATE's tabular protocol,
+:meth:`~dpsyn.methods.base.Method.release_class_proportions`) and generated labels are drawn from them; on images
+labels are uniform over the classes (a public choice). Non-private runs (eps=inf) use the plain argmax of the votes.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from dpsyn.data.base import Split
+from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
+from dpsyn.methods.g_pate import TEACHER_ARCHS, _device, _positive_float, _positive_int
+from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
+from dpsyn.nets.ensemble import CondConvTeacher, CondMLPTeacher, TeacherEnsemble, TeacherPartitions
+from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
+from dpsyn.privacy import (
+    PATE_BOUNDS,
+    ApproxDPEvent,
+    NonPrivateEvent,
+    PATEEvent,
+    PrivacyLedger,
+    confident_gnmax,
+    dp_generator,
+    pate_max_queries,
+)
+from dpsyn.results.io import atomic_torch_save
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "pate_gan.pt"
+IMAGE_TEACHERS = TEACHER_ARCHS  # auto | conv | dcgan | mlp, as G-PATE
+TABLE_TEACHERS = ("auto", "mlp")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the four steps, as small functions
+
+
+def teacher_update(
+    ens: TeacherEnsemble, parts: TeacherPartitions, x_all: torch.Tensor, y_all: torch.Tensor, fake: torch.Tensor,
+    fake_y: torch.Tensor, *, steps: int, batch: int,
+) -> torch.Tensor:
+    """``steps`` Adam steps of every teacher on ``batch`` rows of ITS OWN partition (label 1) vs ``fake`` (label 0).
+
+    Args:
+        ens: the N teachers.
+        parts: the N disjoint partitions of the private rows; row i of ``parts.sample`` belongs to teacher i only.
+        x_all, y_all: all private rows and labels (indexed by the partitions' row ids).
+        fake, fake_y: (b, ...) / (b,) generated samples, shared by all teachers (no privacy cost).
+        steps, batch: Adam steps and real rows per teacher per step.
+
+    Returns:
+        (N,) the teachers' losses before their last step.
+    """
+    fake, fake_y = fake.detach(), fake_y.detach()
+    losses = torch.zeros(ens.n_teachers)
+    for _ in range(steps):
+        rows = parts.sample(batch).to(x_all.device)  # (N, batch): row i from partition i only
+        losses = ens.train_step(x_all[rows], y_all[rows], fake, fake_y)
+    return losses
+
+
+def binary_votes(logits: torch.Tensor) -> torch.Tensor:
+    """(N, b) teacher logits -> (b, 2) vote histogram: column 0 "fake" (logit <= 0), column 1 "real" (logit > 0)."""
+    real = (logits > 0).sum(0)
+    return torch.stack([logits.shape[0] - real, real], dim=1).long()
+
+
+def student_labels(
+    votes: torch.Tensor, *, sigma_threshold: float | None, sigma: float | None, threshold: float | None,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The aggregated teacher label of each query: Confident-GNMax, or the plain argmax when ``sigma`` is None
+    (non-private runs; every query answered).
+
+    Args:
+        votes: (b, 2) vote counts.
+        sigma_threshold, sigma, threshold, generator: Confident-GNMax's (all None for the plain argmax).
+
+    Returns:
+        ``(answered (b,) bool, label (b,) int64)``, ``label = -1`` where not answered.
+    """
+    if sigma is None:
+        return torch.ones(votes.shape[0], dtype=torch.bool, device=votes.device), torch.argmax(votes, dim=1)
+    return confident_gnmax(votes, sigma_threshold=sigma_threshold, sigma=sigma, threshold=threshold,
+                           generator=generator)
+
+
+def student_step(
+    student: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, labels: torch.Tensor
+) -> float:
+    """One Adam step of the student on BCE(S(x, y), labels): ``x`` are generated samples only (never private rows),
+    ``labels`` the teachers' aggregated answers (1 real, 0 fake). Returns the loss (nan for an empty batch)."""
+    if len(x) == 0:
+        return math.nan
+    loss = F.binary_cross_entropy_with_logits(student(x.detach(), y), labels.to(x.dtype))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return float(loss.detach())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the method
+
+
+@METHODS.register("pate_gan")
+class PATEGAN(Method):
+    """PATE-GAN on images and tables (see the module docstring)."""
+
+    kinds = ("image", "table")
+
+    def __init__(self, cfg: Any, ctx: Any) -> None:
+        super().__init__(cfg, ctx)
+        self.hp = self._check(cfg, ctx.kind)
+
+    @staticmethod
+    def _check(cfg: Any, kind: str) -> dict[str, Any]:
+        """Every hyperparameter, checked before any work (one-line errors naming the key and allowed values)."""
+        hp: dict[str, Any] = {}
+        for key in ("teachers", "steps", "batch_size", "z_dim", "ngf", "ndf", "student_ndf", "teacher_steps",
+                    "student_steps", "checkpoint_every"):
+            hp[key] = _positive_int(cfg, key, minimum=0 if key == "checkpoint_every" else 1)
+        for key in ("sigma_threshold", "sigma", "lr_g", "lr_s", "lr_d"):
+            hp[key] = _positive_float(cfg, key)
+        t = cfg.get("threshold")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(float(t)):
+            raise ValueError(f"method.threshold={t!r}: must be a finite number (a vote count)")
+        hp["threshold"] = float(t)
+        b1 = cfg.get("beta1")
+        if isinstance(b1, bool) or not isinstance(b1, (int, float)) or not 0 <= float(b1) < 1:
+            raise ValueError(f"method.beta1={b1!r}: must lie in [0, 1)")
+        hp["beta1"] = float(b1)
+        tb = cfg.get("teacher_batch")
+        if tb is not None and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 1):
+            raise ValueError(f"method.teacher_batch={tb!r}: must be null (min(batch_size, partition)) or >= 1")
+        hp["teacher_batch"] = tb
+        if cfg.get("bound") not in PATE_BOUNDS:
+            raise ValueError(f"method.bound={cfg.get('bound')!r}; allowed: {', '.join(PATE_BOUNDS)}")
+        hp["bound"] = str(cfg.bound)
+        allowed = TABLE_TEACHERS if kind == "table" else IMAGE_TEACHERS
+        arch = cfg.get("teacher_arch")
+        if arch not in allowed:
+            raise ValueError(f"method.teacher_arch={arch!r} for {kind} data; allowed: {', '.join(allowed)}")
+        hp["teacher_arch"] = ("mlp" if kind == "table" else "conv") if arch == "auto" else str(arch)
+        for key in ("d_hidden", "g_hidden", "s_hidden"):
+            hidden = cfg.get(key)
+            if not hidden or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
+                raise ValueError(f"method.{key}={hidden!r}: must be a non-empty list of layer widths >= 1")
+            hp[key] = [int(h) for h in hidden]
+        chunk = cfg.get("teacher_chunk")
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"method.teacher_chunk={chunk!r}: must be null (all teachers at once) or >= 1")
+        hp["teacher_chunk"] = chunk
+        hp["shuffle"] = bool(cfg.get("shuffle_partitions"))
+        ratio = cfg.get("class_ratio_epsilon")
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < float(ratio) < math.inf:
+            raise ValueError(f"method.class_ratio_epsilon={ratio!r}: must be a number > 0 (tables)")
+        hp["class_ratio_epsilon"] = float(ratio)
+        return hp
+
+    # ---- building blocks ----------------------------------------------------------------------------------
+
+    def _make_teacher(self) -> Callable[[], nn.Module]:
+        hp, ctx = self.hp, self.ctx
+        if hp["teacher_arch"] == "mlp":
+            return lambda: CondMLPTeacher(num_classes=ctx.num_classes, shape=ctx.shape, hidden=hp["d_hidden"])
+        channels, resolution = ctx.shape[0], ctx.shape[1]
+        arch = CondConvTeacher if hp["teacher_arch"] == "conv" else CondDCGANDiscriminator
+        return lambda: arch(num_classes=ctx.num_classes, channels=channels, resolution=resolution, ndf=hp["ndf"])
+
+    def _make_generator(self) -> nn.Module:
+        hp, ctx = self.hp, self.ctx
+        if ctx.kind == "table":  # sigmoid output: tables are min-max scaled to [0, 1]
+            return CondMLPGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, shape=ctx.shape,
+                                    hidden=tuple(hp["g_hidden"]))
+        return CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=ctx.shape[0],
+                                  resolution=ctx.shape[1], ngf=hp["ngf"])
+
+    def _make_student(self) -> nn.Module:
+        hp, ctx = self.hp, self.ctx
+        if ctx.kind == "table":
+            return CondMLPDiscriminator(num_classes=ctx.num_classes, shape=ctx.shape, hidden=tuple(hp["s_hidden"]))
+        return CondDCGANDiscriminator(num_classes=ctx.num_classes, channels=ctx.shape[0], resolution=ctx.shape[1],
+                                      ndf=hp["student_ndf"])
+
+    def _max_steps(self) -> int:
+        """``method.steps``, capped by an integer ``trainer.limit_train_batches`` (``trainer=debug``: 5)."""
+        limit = (self.ctx.trainer or {}).get("limit_train_batches")
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            return min(self.hp["steps"], int(limit))
+        return self.hp["steps"]
+
+    def _fingerprint(self, budget: PrivacyBudget) -> dict[str, Any]:
+        """What a checkpoint must share with this run to be resumed."""
+        keys = ("teachers", "batch_size", "teacher_batch", "sigma_threshold", "sigma", "threshold", "bound",
+                "teacher_arch", "ndf", "student_ndf", "d_hidden", "g_hidden", "s_hidden", "z_dim", "ngf", "shuffle",
+                "class_ratio_epsilon")
+        return {**{k: self.hp[k] for k in keys}, "kind": self.ctx.kind, "eps": budget.epsilon,
+                "delta": budget.delta, "seed": self.ctx.seed}
+
+    def _labels(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        """Labels of generated samples: uniform (images) or from the released class proportions (tables)."""
+        if self.proportions is None:
+            return torch.randint(0, self.ctx.num_classes, (n,), generator=gen)
+        p = torch.as_tensor(self.proportions, dtype=torch.float64)
+        return torch.multinomial(p / p.sum(), n, replacement=True, generator=gen)
+
+    # ---- training -----------------------------------------------------------------------------------------
+
+    def fit(
+        self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
+    ) -> None:
+        hp, ctx = self.hp, self.ctx
+        device = _device(ctx)
+        n_rows, n_teachers, b = len(private), hp["teachers"], hp["batch_size"]
+        if n_rows < n_teachers:
+            raise ValueError(f"method.teachers={n_teachers} exceeds the {n_rows} private examples (one row at least "
+                             "each): lower method.teachers")
+        torch.manual_seed(ctx.seed)  # initialisation of G, S and the teachers
+        gen = torch.Generator().manual_seed(ctx.seed)  # latents, labels, teacher batches
+        parts = TeacherPartitions(n_rows, n_teachers, generator=gen, shuffle=hp["shuffle"])
+        tb = hp["teacher_batch"] or min(b, parts.size)
+        if tb > parts.size:
+            raise ValueError(f"method.teacher_batch={tb} exceeds the {parts.size} rows of each of the {n_teachers} partitions")
+        G, S = self._make_generator().to(device), self._make_student().to(device)
+        ens = TeacherEnsemble(self._make_teacher(), n_teachers, lr=hp["lr_d"], betas=(hp["beta1"], 0.999),
+                              chunk_size=hp["teacher_chunk"], device=device)
+        opt_g = torch.optim.Adam(G.parameters(), lr=hp["lr_g"], betas=(hp["beta1"], 0.999))
+        opt_s = torch.optim.Adam(S.parameters(), lr=hp["lr_s"], betas=(hp["beta1"], 0.999))
+        x_all = torch.from_numpy(np.ascontiguousarray(private.x, dtype=np.float32)).to(device)
+        y_all = torch.from_numpy(private.y.astype(np.int64)).to(device)
+
+        if budget.private:
+            event = PATEEvent(sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"], threshold=hp["threshold"],
+                              bound=hp["bound"], label=f"pate_gan student labels ({n_teachers} teachers, 2 bins)")
+            dp_gen = dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=str(device))
+        else:
+            event, dp_gen = None, None
+        start, state = 0, None
+        ckpt = Path(ctx.run_dir) / "checkpoints" / CHECKPOINT if ctx.run_dir is not None and hp["checkpoint_every"] else None
+        if ckpt is not None and ckpt.is_file():
+            state = torch.load(ckpt, map_location="cpu", weights_only=False)  # load_state_dict moves to device
+            if state["fingerprint"] != self._fingerprint(budget):
+                raise ValueError(
+                    f"{ckpt} was made with {state['fingerprint']}, this run has {self._fingerprint(budget)}: "
+                    "resume with the same config, or use a new run directory"
+                )
+            start = int(state["step"])
+            for module, key in ((G, "G"), (opt_g, "opt_g"), (S, "S"), (opt_s, "opt_s"), (ens, "teachers"),
+                                (ens.optimizer, "opt_teachers"), (parts, "partitions")):
+                module.load_state_dict(state[key])
+            gen.set_state(state["gen"])
+            if event is not None:
+                event = PATEEvent.from_dict(state["event"])  # the queries made before the checkpoint, charged once
+                if ctx.deterministic_noise:
+                    dp_gen.set_state(state["dp_gen"])
+            log.info("resuming pate_gan from %s at step %d", ckpt, start)
+
+        # labels of the generated samples: uniform on images; on tables the Laplace-released class proportions
+        self.proportions: np.ndarray | None = None
+        if ctx.kind == "table":
+            if state is not None and state.get("proportions") is not None:  # released before the crash: reuse it
+                self.proportions = np.asarray(state["proportions"], dtype=np.float64)
+                if budget.private:
+                    eps_r = hp["class_ratio_epsilon"]
+                    ledger.add(ApproxDPEvent(epsilon=eps_r, delta=0.0, label=(
+                        f"class proportions (Laplace mechanism, L1 sensitivity 1, eps={eps_r:g}; restored)")))
+            else:
+                self.proportions, _ = self.release_class_proportions(private, budget, ledger, hp["class_ratio_epsilon"])
+        event_id = ledger.add(event) if event is not None else None
+        if event is None:
+            ledger.add(NonPrivateEvent(label="pate_gan trained without noise (eps=inf): plain argmax of the votes"))
+        elif hp["bound"] == "data_independent":
+            left = budget.epsilon - (hp["class_ratio_epsilon"] if ctx.kind == "table" else 0.0)
+            q = pate_max_queries(epsilon=left, sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"],
+                                 delta=budget.delta) if left > 0 else 0
+            log.info("pate_gan: the data-independent bound allows about %d queries = %d steps of %d (eps=%g left, "
+                     "delta=%g)", q, q // b, b, left, budget.delta)
+
+        max_steps = self._max_steps()
+        self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": parts.size}
+        t0 = time.perf_counter()
+        step, s_loss = start, math.nan
+        G.train()
+        S.train()
+        while step < max_steps:
+            y = self._labels(b, gen).to(device)
+            z = torch.randn(b, hp["z_dim"], generator=gen).to(device)
+            fake = G(z, y)
+            # teachers: their own partitions' rows vs the generator's current samples
+            teacher_update(ens, parts, x_all, y_all, fake, y, steps=hp["teacher_steps"], batch=tb)
+            # queries: fresh generated samples, labelled by the teachers' aggregated votes
+            yq = self._labels(b, gen).to(device)
+            zq = torch.randn(b, hp["z_dim"], generator=gen).to(device)
+            with torch.no_grad():
+                xq = G(zq, yq)
+                votes = binary_votes(ens.forward_shared(xq, yq))
+            if event is not None:
+                trial = copy.deepcopy(ledger)  # would this step's queries (GNMax charged for all) overspend?
+                trial.record_pate_queries(event_id, votes, torch.ones(b, dtype=torch.bool))
+                if trial.epsilon() > budget.epsilon * (1 + 1e-9):
+                    self.train_log["stopped_by"] = "budget"
+                    break
+            answered, label = student_labels(
+                votes, generator=dp_gen,
+                sigma_threshold=hp["sigma_threshold"] if event is not None else None,
+                sigma=hp["sigma"] if event is not None else None,
+                threshold=hp["threshold"] if event is not None else None,
+            )
+            if event is not None:
+                ledger.record_pate_queries(event_id, votes, answered)  # before the answers are used
+            # student: only the answered generated samples, with the teachers' labels
+            for _ in range(hp["student_steps"]):
+                s_loss = student_step(S, opt_s, xq[answered], yq[answered], label[answered])
+            # generator: fool the student (non-saturating loss)
+            logits = S(fake, y)
+            g_loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits))
+            opt_g.zero_grad(set_to_none=True)
+            g_loss.backward()
+            opt_g.step()
+            step += 1
+            if step % 50 == 0 or step == 1:
+                log.info("pate_gan step %d: %d of %d answered, %.3f voted real; S loss %.3f, G loss %.3f; eps %.4f (%s)",
+                         step, int(answered.sum()), b, float(label[answered].float().mean()) if answered.any() else 0.0,
+                         s_loss, g_loss.item(), ledger.epsilon() if event is not None else math.inf, hp["bound"])
+            if ckpt is not None and step % hp["checkpoint_every"] == 0:
+                atomic_torch_save(ckpt, {
+                    "step": step, "fingerprint": self._fingerprint(budget), "G": G.state_dict(),
+                    "opt_g": opt_g.state_dict(), "S": S.state_dict(), "opt_s": opt_s.state_dict(),
+                    "teachers": ens.state_dict(), "opt_teachers": ens.optimizer.state_dict(),
+                    "partitions": parts.state_dict(), "gen": gen.get_state(), "proportions": self.proportions,
+                    "event": event.to_dict() if event is not None else None,
+                    "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
+                })
+        G.eval()
+        self.G, self.device = G, device
+        self.train_log.update(steps=step, fit_s=time.perf_counter() - t0, queries=0 if event is None else event.queries,
+                              answered=0 if event is None else event.answered)
+        log.info("pate_gan: %d steps (stopped by %s), %s", step, self.train_log["stopped_by"],
+                 f"{event.queries} queries, {event.answered} answered" if event is not None else "non-private")
+
+    @torch.no_grad()
+    def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
+        rng = np.random.default_rng(self.ctx.seed)
+        if labels is None:
+            if self.proportions is None:
+                labels, rule = self.uniform_labels(n, rng), "uniform over classes (public choice)"
+            else:
+                labels = self.labels_from_proportions(n, self.proportions, rng)
+                rule = "drawn from the Laplace-released class proportions"
+        else:
+            rule = "given"
+        gen = torch.Generator().manual_seed(self.ctx.seed + 1)
+        out = []
+        for i in range(0, n, 1000):
+            y = torch.from_numpy(np.asarray(labels[i : i + 1000], dtype=np.int64)).to(self.device)
+            z = torch.randn(len(y), self.hp["z_dim"], generator=gen).to(self.device)
+            out.append(self.G(z, y).cpu())
+        x = torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, *self.ctx.shape), np.float32)
+        prov = {
+            "method": "pate_gan",
+            "labels": rule,
+            "accountant": "confident-gnmax rdp (Papernot et al. 2018; dpsyn.privacy.pate)",
+            "bound": self.hp["bound"],
+            "teachers": self.hp["teachers"],
+            **{k: v for k, v in self.train_log.items() if k != "fit_s"},
+        }
+        return Samples(x, np.asarray(labels, dtype=np.int64), prov)

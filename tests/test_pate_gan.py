@@ -1,0 +1,227 @@
+"""PATE-GAN (a baseline of paper 002): teachers on disjoint data, a student that only sees generated samples, the
+Confident-GNMax labels, the budget, and the method end to end on images and tables."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from dpsyn.data.base import Split
+from dpsyn.methods import METHODS, PrivacyBudget, RunContext, pate_gan
+from dpsyn.methods.pate_gan import binary_votes, student_labels, teacher_update
+from dpsyn.nets.ensemble import CondConvTeacher, TeacherEnsemble, TeacherPartitions
+from dpsyn.privacy import PrivacyLedger, pate_data_independent_epsilon
+
+TINY = ("method.teachers=10", "method.batch_size=4", "method.teacher_batch=2", "method.sigma_threshold=100",
+        "method.sigma=50", "method.threshold=5", "method.ndf=2", "method.student_ndf=4", "method.z_dim=8",
+        "method.ngf=4", "method.teacher_chunk=null", "privacy.deterministic_noise=true")
+
+
+def _flat(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+def _image_ctx(**kw) -> RunContext:
+    return RunContext(seed=0, deterministic_noise=True, accountant="rdp", kind="image", shape=(1, 28, 28),
+                      num_classes=3, classes=["a", "b", "c"], trainer={"limit_train_batches": 5}, **kw)
+
+
+def _image_split(n: int = 60) -> Split:
+    g = np.random.default_rng(0)
+    return Split(x=g.random((n, 1, 28, 28), dtype=np.float32), y=g.integers(0, 3, n).astype(np.int64))
+
+
+def _method(make_cfg, ctx: RunContext, *overrides: str):
+    cfg = make_cfg("method=pate_gan", *TINY, *overrides)
+    return METHODS.get("pate_gan")(cfg.method, ctx)
+
+
+# ---- (1) teachers see only their own partition; the student sees only generated samples ------------------------
+
+
+def test_each_teacher_learns_only_from_its_own_partition() -> None:
+    n = 5
+    torch.manual_seed(0)
+    x_all, y_all = torch.rand(50, 1, 28, 28), torch.randint(0, 3, (50,))
+    parts = TeacherPartitions(50, n, generator=torch.Generator().manual_seed(0))
+    fake, fake_y = torch.rand(4, 1, 28, 28), torch.randint(0, 3, (4,))
+    torch.manual_seed(1)
+    modules = [CondConvTeacher(num_classes=3, channels=1, resolution=28, ndf=2) for _ in range(n)]
+    before = [_flat(m) for m in modules]
+
+    def update(x: torch.Tensor) -> list[torch.Tensor]:
+        ens = TeacherEnsemble.from_modules(modules, lr=1e-2)
+        teacher_update(ens, copy.deepcopy(parts), x, y_all, fake, fake_y, steps=3, batch=4)
+        return [_flat(ens.teacher(i)) for i in range(n)]
+
+    base = update(x_all)
+    x_pert = x_all.clone()
+    x_pert[parts.rows[3]] = torch.rand(parts.size, 1, 28, 28)  # every row of partition 3 (and no other)
+    pert = update(x_pert)
+    for i in range(n):
+        assert not torch.equal(base[i], before[i])  # every teacher trained
+        assert torch.equal(base[i], pert[i]) == (i != 3), f"teacher {i}"
+
+
+def test_the_student_is_trained_on_generated_samples_only(make_cfg, monkeypatch) -> None:
+    data = _image_split()
+    generated: list[torch.Tensor] = []
+    seen: list[torch.Tensor] = []
+    original_g, original_step = pate_gan.CondDCGANGenerator, pate_gan.student_step
+
+    class SpyGenerator(original_g):  # records every sample the generator makes
+        def forward(self, z, y):
+            out = super().forward(z, y)
+            generated.append(out.detach().clone())
+            return out
+
+    def spy_step(student, opt, x, y, labels):
+        seen.append(x.detach().clone())
+        return original_step(student, opt, x, y, labels)
+
+    monkeypatch.setattr(pate_gan, "CondDCGANGenerator", SpyGenerator)
+    monkeypatch.setattr(pate_gan, "student_step", spy_step)
+    method = _method(make_cfg, _image_ctx())  # eps=inf: every query answered, so the student trains every step
+    method.fit(data, PrivacyBudget(math.inf, 1e-5), PrivacyLedger(target_epsilon=math.inf, delta=1e-5))
+    assert len(seen) == 5 and all(len(x) == 4 for x in seen)
+    private = torch.from_numpy(data.x).flatten(1)
+    made = torch.cat(generated).flatten(1)
+    for x in seen:
+        for row in x.flatten(1):
+            assert not (private == row).all(1).any()  # never a private row
+            assert (made == row).all(1).any()  # always one of the generator's samples
+
+
+# ---- (2) the student's labels -------------------------------------------------------------------------------------
+
+
+def test_student_labels_follow_unanimous_teachers_and_unanswered_queries_are_dropped() -> None:
+    logits = torch.tensor([[3.0, -1.0, 2.0], [0.5, -2.0, 1.0], [4.0, -0.1, 0.2], [1.0, -3.0, -1.0]])  # 4 teachers
+    votes = binary_votes(logits)
+    assert votes.tolist() == [[0, 4], [4, 0], [1, 3]]  # (fake, real) counts per sample; a logit of 0 is fake
+    noise = torch.Generator().manual_seed(0)
+    unanimous = binary_votes(torch.tensor([[1.0, -1.0]] * 100))
+    answered, label = student_labels(unanimous, sigma_threshold=1e-3, sigma=1e-3, threshold=50, generator=noise)
+    assert answered.all() and label.tolist() == [1, 0]  # the teachers' majority, as they agree
+    answered, label = student_labels(unanimous, sigma_threshold=1e-3, sigma=1e-3, threshold=101, generator=noise)
+    assert not answered.any() and label.tolist() == [-1, -1]  # threshold not met: nothing for the student
+    answered, label = student_labels(votes, sigma_threshold=None, sigma=None, threshold=None, generator=None)
+    assert answered.all() and label.tolist() == [1, 0, 1]  # eps=inf: plain argmax
+
+
+# ---- (3) the budget ------------------------------------------------------------------------------------------------
+
+
+def test_ledger_holds_steps_times_batch_queries_within_the_target(make_cfg) -> None:
+    ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-5)
+    method = _method(make_cfg, _image_ctx())
+    method.fit(_image_split(), PrivacyBudget(1.0, 1e-5), ledger)
+    (event,) = ledger.to_dict()["events"]
+    assert event["kind"] == "pate" and event["queries"] == 5 * 4 and method.train_log["steps"] == 5
+    assert 0 <= event["answered"] <= event["queries"]
+    assert ledger.epsilon() <= 1.0
+    assert ledger.epsilon() == pytest.approx(pate_data_independent_epsilon(queries=20, sigma_threshold=100, sigma=50,
+                                                                           delta=1e-5))
+
+
+def test_training_stops_before_the_step_that_would_overspend(make_cfg) -> None:
+    from dpsyn.privacy import pate_max_queries
+
+    eps = 0.3
+    ledger = PrivacyLedger(target_epsilon=eps, delta=1e-5)
+    ctx = _image_ctx()
+    ctx.trainer = {}
+    method = _method(make_cfg, ctx, "method.steps=1000")
+    method.fit(_image_split(), PrivacyBudget(eps, 1e-5), ledger)
+    most = pate_max_queries(epsilon=eps, sigma_threshold=100, sigma=50, delta=1e-5)
+    assert method.train_log["stopped_by"] == "budget" and method.train_log["steps"] < 1000
+    assert method.train_log["queries"] == most // 4 * 4  # as many whole steps of 4 as the budget allows
+    assert ledger.epsilon() <= eps
+
+
+# ---- (4) end to end --------------------------------------------------------------------------------------------
+
+
+def test_pate_gan_runs_end_to_end_on_images(make_cfg, tmp_path) -> None:
+    from dpsyn.cli.train import run
+
+    result = run(make_cfg("method=pate_gan", "dataset=fmnist", *TINY, "method.teachers=20", "eps=1",
+                          "metrics.n_samples=200"), tmp_path / "run")
+    (event,) = result["privacy_events"]
+    assert event["kind"] == "pate" and event["queries"] == 5 * 4
+    assert 0 < result["epsilon_spent"] <= 1.0 and "pate" in result["accountant"]
+    prov = result["sample_provenance"]
+    assert prov["method"] == "pate_gan" and prov["teachers"] == 20 and prov["queries"] == 20 and prov["steps"] == 5
+    assert prov["labels"].startswith("uniform")
+    assert 0 <= result["metrics"]["acc"] <= 1
+    assert (tmp_path / "run" / "samples.png").is_file()
+
+
+def test_pate_gan_runs_end_to_end_on_a_table(make_cfg, tmp_path) -> None:
+    from dpsyn.cli.train import run
+
+    result = run(make_cfg("method=pate_gan", "dataset=breast_cancer", *TINY, "eps=2", "method.sigma_threshold=30",
+                          "method.sigma=20", "method.class_ratio_epsilon=0.05", "metrics.n_samples=200"),
+                 tmp_path / "run")
+    ratio, event = result["privacy_events"]  # the Laplace class ratio first, then the teachers' votes
+    assert ratio["kind"] == "approx_dp" and ratio["epsilon"] == 0.05 and ratio["delta"] == 0
+    assert event["kind"] == "pate" and event["queries"] == result["sample_provenance"]["queries"] > 0
+    assert result["epsilon_spent"] <= 2.0
+    assert result["sample_provenance"]["labels"] == "drawn from the Laplace-released class proportions"
+    samples = np.load(tmp_path / "run" / "samples.npz")
+    assert samples["x"].shape == (200, 30) and samples["x"].min() >= 0 and samples["x"].max() <= 1
+    assert 0 <= result["metrics"]["auroc"] <= 1
+
+
+def test_pate_gan_without_noise_at_eps_inf_and_config_errors(make_cfg) -> None:
+    ledger = PrivacyLedger(target_epsilon=math.inf, delta=1e-5)
+    method = _method(make_cfg, _image_ctx())
+    method.fit(_image_split(), PrivacyBudget(math.inf, 1e-5), ledger)
+    assert math.isinf(ledger.epsilon()) and ledger.to_dict()["events"][0]["kind"] == "non_private"
+    assert method.sample(7).x.shape == (7, 1, 28, 28)
+    table = RunContext(seed=0, deterministic_noise=True, accountant="rdp", kind="table", shape=(30,), num_classes=2,
+                       classes=["m", "b"])
+    for ctx, override, key in ((_image_ctx(), "method.bound=smooth", "method.bound"),
+                               (_image_ctx(), "method.teachers=0", "method.teachers"),
+                               (table, "method.teacher_arch=conv", "method.teacher_arch"),
+                               (_image_ctx(), "method.s_hidden=[]", "method.s_hidden")):
+        with pytest.raises(ValueError, match=key):
+            _method(make_cfg, ctx, override)
+
+
+# ---- (5) resume ----------------------------------------------------------------------------------------------------
+
+
+def test_a_crashed_run_resumes_without_spending_twice(make_cfg, tmp_path, monkeypatch) -> None:
+    """Crash in step 4 (checkpoint every 2): the re-run resumes at step 2 and the ledger counts 5 steps once."""
+    data, budget = _image_split(), PrivacyBudget(1.0, 1e-5)
+    calls = {"n": 0}
+    original = pate_gan.student_labels
+
+    def crash_in_step_4(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("killed")
+        return original(*a, **k)
+
+    monkeypatch.setattr(pate_gan, "student_labels", crash_in_step_4)
+    ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-5)
+    with pytest.raises(RuntimeError, match="killed"):
+        _method(make_cfg, _image_ctx(run_dir=tmp_path), "method.checkpoint_every=2").fit(data, budget, ledger)
+    assert (tmp_path / "checkpoints" / "pate_gan.pt").is_file()
+
+    monkeypatch.setattr(pate_gan, "student_labels", original)
+    ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-5)  # a fresh process: the ledger comes from the checkpoint
+    method = _method(make_cfg, _image_ctx(run_dir=tmp_path), "method.checkpoint_every=2")
+    method.fit(data, budget, ledger)
+    (event,) = ledger.to_dict()["events"]
+    assert event["queries"] == 5 * 4 == method.train_log["queries"]  # 2 steps restored + 3 after the resume
+    assert ledger.epsilon() == pytest.approx(pate_data_independent_epsilon(queries=20, sigma_threshold=100, sigma=50,
+                                                                           delta=1e-5))
+    with pytest.raises(ValueError, match="resume with the same config"):
+        _method(make_cfg, _image_ctx(run_dir=tmp_path), "method.checkpoint_every=2", "method.sigma=60").fit(
+            data, budget, PrivacyLedger(target_epsilon=1.0, delta=1e-5))
