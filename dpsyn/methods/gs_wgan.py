@@ -1,0 +1,508 @@
+"""``gs_wgan``: GS-WGAN (Chen, Orekondy & Fritz, NeurIPS 2020), a baseline of paper 002 — a generator trained
+through K non-private WGAN-GP critics on disjoint partitions, with only the gradient that flows from the critic
+into the generated samples sanitised (per-sample clipping + Gaussian noise).
+
+Algorithm (the authors' ``source/main.py``), per generator iteration:
+
+1. *Subsampling*: one critic index k is drawn uniformly from K (drawn from a DP generator, like DP-SGD's Poisson
+   sampling: the choice is part of the mechanism).
+2. *Critic*: D_k takes ``critic_steps`` Adam steps on the WGAN-GP loss ``mean D(fake) - mean D(real) + lambda GP +
+   drift mean D(real)^2`` (the authors' "epsilon penalty" 1e-3), its real rows drawn from the k-th of K disjoint
+   partitions only (:class:`dpsyn.nets.ensemble.TeacherPartitions`), its fakes G(z, y_real). No privacy: D_k is never
+   released, only the sanitised gradient below is.
+3. *Generator*: x = G(z, y) (labels uniform, a public choice), loss ``-mean_j D_k(x_j, y_j)``; a hook on x replaces
+   the gradient flowing from D_k into x by its sanitised version (:func:`sanitize`): per sample j, the gradient of
+   -D_k(x_j) w.r.t. x_j is clipped to L2 norm C and N(0, (sigma C)^2 I) noise is added (noise from
+   :func:`dpsyn.privacy.dp_generator`, never from the run seed); the batch mean of those then flows into G. G's own
+   parameter gradient is post-processing of the b sanitised per-sample gradients.
+
+Privacy (GS-WGAN's analysis; ``evaluation/privacy_analysis.py`` of the authors' code): neighbouring datasets differ
+in one row, hence in one partition and one critic; two clipped per-sample gradients differ by at most 2C (the
+paper's sensitivity; the authors' code adds noise ``C * noise_multiplier * SENSITIVITY`` with ``SENSITIVITY = 2``
+and accounts ``noise_multiplier``). With noise std sigma*C that is a Gaussian mechanism of noise multiplier sigma/2
+relative to its sensitivity, subsampled with rate 1/K (the chosen critic), and the authors compose
+``iterations * batch_size`` such subsampled releases. dpsyn records ONE
+:class:`~dpsyn.privacy.SampledGaussianEvent` ``(noise_multiplier=sigma/2, sample_rate=1/K,
+steps=iterations*batch_size)`` and calibrates ``sigma = 2 * dpsgd_noise_multiplier(eps, delta, 1/K,
+iterations*batch_size)`` before training (for the iterations the run will make), so dpsyn's ``sigma`` is twice the
+authors' ``--noise_multiplier`` (their MNIST default 1.07 is ``sigma = 2.14`` here).
+
+Known caveats of that analysis, kept as the authors made it and said so in the ledger label:
+
+* the accountant (Opacus's sampled-Gaussian RDP) analyses Poisson subsampling under add/remove adjacency, while
+  GS-WGAN selects exactly one of K critics uniformly (sampling without replacement, replace-one adjacency); the
+  authors' own script uses autodp's ``anaRDPacct.compose_subsampled_mechanism`` for it, which can give a larger
+  epsilon for the same noise (not computed here: autodp is not a dependency). For the authors' MNIST defaults
+  (K = 1000, noise_multiplier 1.07, 20000 x 32 releases, delta = 1e-5) dpsyn's accountant gives eps = 4.45;
+* the b sanitised gradients of one iteration share the chosen critic, yet are composed as b independently
+  subsampled releases, as in the authors' script.
+
+Not done: the authors' warm start (``source/pretrain.py``: every critic pre-trained for 2000 iterations on its own
+partition against its own throw-away non-private generator, before the main run); the critics here start from
+scratch, which needs many more iterations per critic (each is chosen about iterations/K times). The latent is
+Gaussian (the authors default to a Bernoulli latent) and the generator is :class:`dpsyn.nets.dcgan.CondDCGANGenerator`
+(theirs: a ResNet generator).
+The critics are :class:`dpsyn.nets.ensemble.CondConvTeacher` (no normalisation layer, which WGAN-GP needs), stored
+stacked in a :class:`CriticBank` with their Adam states (K = 1000 small critics take a few tens of MB).
+Samples come from an exponential moving average of G (the authors' ``netGS``; ``method.ema``, 0 = G itself).
+Non-private runs (eps=inf) add no noise; the per-sample gradient is still clipped unless ``method.clip_at_inf=false``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import stack_module_state
+
+from dpsyn.data.base import Split
+from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
+from dpsyn.methods.g_pate import _device, _positive_float, _positive_int
+from dpsyn.nets.dcgan import CondDCGANGenerator
+from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
+from dpsyn.privacy import NonPrivateEvent, PrivacyLedger, SampledGaussianEvent, dp_generator, dpsgd_noise_multiplier
+from dpsyn.results.io import atomic_torch_save
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "gs_wgan.pt"
+SENSITIVITY_FACTOR = 2.0
+"""Two clipped per-sample gradients (of two critics that differ in one partition) differ by at most 2C."""
+SAMPLING_NOTE = "sampling: one of K critics per step (GS-WGAN's analysis)"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the sanitisation and the privacy calibration, pure functions
+
+
+def clip_per_sample(grad: torch.Tensor, clip: float) -> torch.Tensor:
+    """Each row ``grad[j]`` scaled to L2 norm at most ``clip`` (rows already within it are unchanged)."""
+    flat = grad.flatten(1)
+    norms = flat.norm(dim=1, keepdim=True)
+    coef = (clip / (norms + 1e-12)).clamp(max=1.0)
+    return (flat * coef).view_as(grad)
+
+
+def sanitize(
+    grad: torch.Tensor, *, clip: float | None, sigma: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """GS-WGAN's gradient sanitisation of per-sample gradients: clip each to L2 norm ``clip``, add N(0, (sigma C)^2).
+
+    Args:
+        grad: (b, ...) per-sample gradients (row j: the gradient of D(x_j) w.r.t. x_j).
+        clip: C > 0, or None for no clipping (a non-private run only; then ``sigma`` must be 0).
+        sigma: noise std in units of C; 0 adds no noise.
+        generator: the DP noise generator (:func:`dpsyn.privacy.dp_generator`); required when ``sigma > 0``.
+
+    Returns:
+        (b, ...) the sanitised gradients.
+
+    Raises:
+        ValueError: noise without a clip bound or without a generator, or a negative sigma.
+    """
+    if sigma < 0:
+        raise ValueError(f"sigma must be >= 0, got {sigma}")
+    if sigma > 0 and (clip is None or generator is None):
+        raise ValueError("noise needs a clip bound and a DP generator")
+    out = grad if clip is None else clip_per_sample(grad, clip)
+    if sigma > 0:
+        noise = torch.randn(grad.shape, generator=generator, device=generator.device, dtype=grad.dtype)
+        out = out + (sigma * clip) * noise.to(grad.device)
+    return out
+
+
+def gs_wgan_sigma(
+    *, epsilon: float, delta: float, critics: int, iterations: int, batch_size: int, accountant: str
+) -> float:
+    """Noise std ``sigma`` (in units of C) that keeps ``iterations`` generator iterations within (epsilon, delta).
+
+    ``iterations * batch_size`` Gaussian releases of sensitivity 2C, subsampled at rate 1/critics (GS-WGAN's
+    analysis): ``sigma = 2 * dpsgd_noise_multiplier(...)``.
+    """
+    nm = dpsgd_noise_multiplier(epsilon=epsilon, delta=delta, sample_rate=1.0 / critics,
+                                steps=iterations * batch_size, accountant=accountant)
+    return SENSITIVITY_FACTOR * nm
+
+
+def generator_step(
+    G: nn.Module, critic: nn.Module, *, z: torch.Tensor, y: torch.Tensor, clip: float | None, sigma: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Forward x = G(z, y), backward ``-mean_j critic(x_j, y_j)`` with the gradient into x sanitised: fills G's
+    ``.grad`` (accumulating, as ``backward`` does); the critic's parameters get no gradient.
+
+    The hook sees the gradient of the batch-mean loss, -(1/b) dD(x_j)/dx_j per row; it sanitises the per-sample
+    gradient -dD(x_j)/dx_j of the loss -D(x_j) (:func:`sanitize`) and passes on its batch mean, 1/b of it (the
+    authors clip the batch-mean gradient at C/b instead: the same).
+
+    Returns:
+        (b, ...) the sanitised per-sample gradients (before the 1/b of the mean): what was released.
+    """
+    for p in critic.parameters():
+        p.requires_grad_(False)
+    x = G(z, y)
+    b = x.shape[0]
+    released: list[torch.Tensor] = []
+
+    def hook(g: torch.Tensor) -> torch.Tensor:
+        out = sanitize(g * b, clip=clip, sigma=sigma, generator=generator)
+        released.append(out.detach())
+        return out / b
+
+    x.register_hook(hook)
+    loss = -critic(x, y).mean()
+    loss.backward()
+    return released[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# K critics stored as stacked tensors
+
+
+class CriticBank:
+    """K critics of one architecture as stacked tensors (leading dim K) with their own Adam states.
+
+    Only one critic trains at a time: :meth:`checkout` loads critic k into one module and a fresh ``torch.optim.Adam``
+    carrying k's moments and step count, :meth:`checkin` writes both back. K independent Adams, each stepping only on
+    its own turns (unlike :class:`dpsyn.nets.ensemble.TeacherEnsemble`, whose one Adam steps every teacher together).
+
+    Args:
+        make_module: builds one critic (called K times, from torch's global RNG: seed it first).
+        critics: K >= 1.
+        lr, betas: each critic's Adam.
+        device: where the stacked tensors and the working module live.
+    """
+
+    def __init__(self, make_module: Callable[[], nn.Module], critics: int, *, lr: float,
+                 betas: tuple[float, float], device: torch.device | str = "cpu") -> None:
+        if critics < 1:
+            raise ValueError(f"critics must be >= 1, got {critics}")
+        self.k, self.lr, self.betas = int(critics), float(lr), (float(betas[0]), float(betas[1]))
+        mods = [make_module() for _ in range(self.k)]
+        params, buffers = stack_module_state(mods)
+        self.names = [n for n, _ in mods[0].named_parameters()]
+        self.params = {n: params[n].detach().to(device) for n in self.names}
+        self.buffers = {n: t.detach().to(device) for n, t in buffers.items()}
+        self.exp_avg = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in self.params.items()}
+        self.steps = torch.zeros(self.k, dtype=torch.float32)
+        self.module = mods[0].to(device)  # the working copy: holds the checked-out critic
+        del mods
+
+    def _check(self, k: int) -> int:
+        if not 0 <= k < self.k:
+            raise IndexError(f"critic {k} of {self.k}")
+        return int(k)
+
+    def checkout(self, k: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Critic k as a module (trainable) and its Adam, restored to k's moments and step count."""
+        k = self._check(k)
+        with torch.no_grad():
+            for name, p in self.module.named_parameters():
+                p.copy_(self.params[name][k])
+                p.requires_grad_(True)
+            for name, b in self.module.named_buffers():
+                b.copy_(self.buffers[name][k])
+        opt = torch.optim.Adam(self.module.parameters(), lr=self.lr, betas=self.betas)
+        if self.steps[k] > 0:
+            state = opt.state_dict()
+            state["state"] = {
+                i: {"step": self.steps[k].clone(), "exp_avg": self.exp_avg[n][k].clone(),
+                    "exp_avg_sq": self.exp_avg_sq[n][k].clone()}
+                for i, n in enumerate(self.names)
+            }
+            opt.load_state_dict(state)
+        return self.module, opt
+
+    def checkin(self, k: int, opt: torch.optim.Optimizer) -> None:
+        """Write the working module's weights and ``opt``'s Adam state back as critic k."""
+        k = self._check(k)
+        with torch.no_grad():
+            for name, p in self.module.named_parameters():
+                self.params[name][k].copy_(p)
+                st = opt.state.get(p)
+                if st:
+                    self.exp_avg[name][k].copy_(st["exp_avg"])
+                    self.exp_avg_sq[name][k].copy_(st["exp_avg_sq"])
+                    step = st["step"]
+                    self.steps[k] = float(step.item() if torch.is_tensor(step) else step)
+            for name, b in self.module.named_buffers():
+                self.buffers[name][k].copy_(b)
+
+    def flat(self, k: int) -> torch.Tensor:
+        """Critic k's parameters, flattened (tests, diagnostics)."""
+        k = self._check(k)
+        return torch.cat([self.params[n][k].flatten() for n in self.names])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"params": self.params, "buffers": self.buffers, "exp_avg": self.exp_avg,
+                "exp_avg_sq": self.exp_avg_sq, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("params", "buffers", "exp_avg", "exp_avg_sq"):
+            mine = getattr(self, key)
+            for name, t in mine.items():
+                if tuple(state[key][name].shape) != tuple(t.shape):
+                    got = tuple(state[key][name].shape)
+                    raise ValueError(f"critic bank {key}.{name}: shape {got} != {tuple(t.shape)}")
+                t.copy_(state[key][name])
+        self.steps = state["steps"].clone().float()
+
+
+def gradient_penalty(critic: nn.Module, real: torch.Tensor, fake: torch.Tensor, y: torch.Tensor,
+                     alpha: torch.Tensor) -> torch.Tensor:
+    """WGAN-GP's penalty: mean_j (||grad_x D(x_hat_j, y_j)|| - 1)^2 at x_hat = alpha real + (1 - alpha) fake."""
+    a = alpha.view(-1, *([1] * (real.dim() - 1)))
+    x_hat = (a * real + (1 - a) * fake).requires_grad_(True)
+    (g,) = torch.autograd.grad(critic(x_hat, y).sum(), x_hat, create_graph=True)
+    return ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
+
+
+def critic_turn(
+    bank: CriticBank, k: int, *, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, G: nn.Module, z_dim: int,
+    steps: int, batch: int, gp_weight: float, drift: float, generator: torch.Generator,
+) -> tuple[nn.Module, float]:
+    """Critic k's turn: ``steps`` Adam steps on WGAN-GP with real rows drawn from ``rows`` (its partition) only.
+
+    Args:
+        bank: the critics; critic k is checked out, trained, checked back in.
+        x, y: all private rows and labels (on the bank's device); only ``x[rows]`` is read.
+        rows: (m,) row ids of critic k's partition.
+        G: the generator (fakes G(z, y_real), no gradient into G).
+        z_dim, steps, batch: latent size, critic steps, real rows per step (at most m).
+        gp_weight, drift: lambda of the gradient penalty, weight of ``mean D(real)^2``.
+        generator: run-seed generator (row draws, latents, GP mixing weights).
+
+    Returns:
+        ``(critic module holding k's new weights, Wasserstein estimate mean D(real) - mean D(fake) of the last step)``.
+    """
+    device = x.device
+    critic, opt = bank.checkout(k)
+    w = math.nan
+    for _ in range(steps):
+        pick = rows[torch.randperm(len(rows), generator=generator)[:batch]].to(device)
+        real, ry = x[pick], y[pick]
+        z = torch.randn(len(pick), z_dim, generator=generator).to(device)
+        alpha = torch.rand(len(pick), generator=generator).to(device)
+        with torch.no_grad():
+            fake = G(z, ry)
+        d_real, d_fake = critic(real, ry), critic(fake, ry)
+        loss = d_fake.mean() - d_real.mean() + gp_weight * gradient_penalty(critic, real, fake, ry, alpha)
+        loss = loss + drift * (d_real**2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        w = float((d_real.mean() - d_fake.mean()).detach())
+    bank.checkin(k, opt)
+    return critic, w
+
+
+@torch.no_grad()
+def ema_update(ema: nn.Module, model: nn.Module, *, decay: float, step: int) -> None:
+    """``ema <- a ema + (1 - a) model`` with ``a = min(1 - 1/(step + 1), decay)`` (the authors' warm-up: a plain
+    average over the first steps); buffers (BatchNorm statistics) are copied."""
+    a = min(1.0 - 1.0 / (step + 1), decay)
+    for pe, p in zip(ema.parameters(), model.parameters()):
+        pe.mul_(a).add_(p, alpha=1.0 - a)
+    for be, b in zip(ema.buffers(), model.buffers()):
+        be.copy_(b)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the method
+
+
+@METHODS.register("gs_wgan")
+class GSWGAN(Method):
+    """GS-WGAN on images (see the module docstring)."""
+
+    kinds = ("image",)
+
+    def __init__(self, cfg: Any, ctx: Any) -> None:
+        super().__init__(cfg, ctx)
+        self.hp = self._check(cfg)
+
+    @staticmethod
+    def _check(cfg: Any) -> dict[str, Any]:
+        """Every hyperparameter, checked before any work (one-line errors naming the key and allowed values)."""
+        hp: dict[str, Any] = {}
+        for key in ("critics", "iterations", "batch_size", "critic_steps", "z_dim", "ngf", "ndf", "checkpoint_every"):
+            hp[key] = _positive_int(cfg, key, minimum=0 if key == "checkpoint_every" else 1)
+        for key in ("clip", "gp_weight", "lr_g", "lr_d"):
+            hp[key] = _positive_float(cfg, key)
+        for key in ("beta1", "beta2", "ema"):
+            v = cfg.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= float(v) < 1:
+                raise ValueError(f"method.{key}={v!r}: must lie in [0, 1)")
+            hp[key] = float(v)
+        v = cfg.get("drift")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= float(v) < math.inf:
+            raise ValueError(f"method.drift={v!r}: must be a number >= 0")
+        hp["drift"] = float(v)
+        for key in ("clip_at_inf", "shuffle_partitions"):
+            if not isinstance(cfg.get(key), bool):
+                raise ValueError(f"method.{key}={cfg.get(key)!r}: must be true or false")
+            hp[key] = bool(cfg.get(key))
+        return hp
+
+    def _max_iterations(self) -> int:
+        """``method.iterations``, capped by an integer ``trainer.limit_train_batches`` (``trainer=debug``: 5)."""
+        limit = (self.ctx.trainer or {}).get("limit_train_batches")
+        it = self.hp["iterations"]
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            it = min(it, int(limit))
+        return it
+
+    def _fingerprint(self, budget: PrivacyBudget, iterations: int, sigma: float) -> dict[str, Any]:
+        """What a checkpoint must share with this run to be resumed."""
+        keys = ("critics", "batch_size", "critic_steps", "clip", "gp_weight", "drift", "z_dim", "ngf", "ndf",
+                "lr_g", "lr_d", "beta1", "beta2", "ema", "clip_at_inf", "shuffle_partitions")
+        return {**{k: self.hp[k] for k in keys}, "iterations": iterations, "sigma": sigma, "eps": budget.epsilon,
+                "delta": budget.delta, "seed": self.ctx.seed, "accountant": self.ctx.accountant}
+
+    def fit(
+        self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
+    ) -> None:
+        hp, ctx = self.hp, self.ctx
+        device = _device(ctx)
+        n_rows, K, b = len(private), hp["critics"], hp["batch_size"]
+        if n_rows < K:
+            raise ValueError(f"method.critics={K} exceeds the {n_rows} private examples (one row at least each)")
+        iterations = self._max_iterations()
+        if budget.private:
+            sigma = gs_wgan_sigma(epsilon=budget.epsilon, delta=budget.delta, critics=K, iterations=iterations,
+                                  batch_size=b, accountant=ctx.accountant)
+            clip: float | None = hp["clip"]
+            log.info("gs_wgan: sigma %.4f (noise multiplier %.4f vs sensitivity 2C) for %d iterations x %d releases "
+                     "at rate 1/%d (%s accountant, eps=%g, delta=%g)", sigma, sigma / SENSITIVITY_FACTOR, iterations,
+                     b, K, ctx.accountant, budget.epsilon, budget.delta)
+        else:
+            sigma, clip = 0.0, (hp["clip"] if hp["clip_at_inf"] else None)
+
+        torch.manual_seed(ctx.seed)  # initialisation of G and of the critics
+        gen = torch.Generator().manual_seed(ctx.seed)  # partitions, latents, labels, critic batches
+        parts = TeacherPartitions(n_rows, K, generator=gen, shuffle=hp["shuffle_partitions"])
+        critic_batch = min(b, parts.size)
+        channels, resolution = ctx.shape[0], ctx.shape[1]
+        G = CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=channels,
+                               resolution=resolution, ngf=hp["ngf"]).to(device)
+        G_ema = copy.deepcopy(G)
+        bank = CriticBank(
+            lambda: CondConvTeacher(num_classes=ctx.num_classes, channels=channels, resolution=resolution,
+                                    ndf=hp["ndf"]),
+            K, lr=hp["lr_d"], betas=(hp["beta1"], hp["beta2"]), device=device,
+        )
+        opt_g = torch.optim.Adam(G.parameters(), lr=hp["lr_g"], betas=(hp["beta1"], hp["beta2"]))
+        x_all = torch.from_numpy(np.ascontiguousarray(private.x, dtype=np.float32)).to(device)
+        y_all = torch.from_numpy(private.y.astype(np.int64)).to(device)
+        if budget.private:
+            # the critic choice is the subsampling of the mechanism: drawn like DP noise, not from the run seed
+            picker = dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed + 1)
+            dp_gen = dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=str(device))
+        else:
+            picker, dp_gen = torch.Generator().manual_seed(ctx.seed + 1), None
+
+        fingerprint = self._fingerprint(budget, iterations, sigma)
+        start, released = 0, 0
+        ckpt = None
+        if ctx.run_dir is not None and hp["checkpoint_every"]:
+            ckpt = Path(ctx.run_dir) / "checkpoints" / CHECKPOINT
+        if ckpt is not None and ckpt.is_file():
+            state = torch.load(ckpt, map_location="cpu", weights_only=False)
+            if state["fingerprint"] != fingerprint:
+                raise ValueError(f"{ckpt} was made with {state['fingerprint']}, this run has {fingerprint}: "
+                                 "resume with the same config, or use a new run directory")
+            start, released = int(state["iteration"]), int(state["releases"])
+            G.load_state_dict(state["G"])
+            G_ema.load_state_dict(state["G_ema"])
+            opt_g.load_state_dict(state["opt_g"])
+            bank.load_state_dict(state["critics"])
+            parts.load_state_dict(state["partitions"])
+            gen.set_state(state["gen"])
+            if ctx.deterministic_noise or not budget.private:
+                picker.set_state(state["picker"])
+                if dp_gen is not None:
+                    dp_gen.set_state(state["dp_gen"])
+            log.info("resuming gs_wgan from %s at iteration %d (%d sanitised releases already charged)", ckpt,
+                     start, released)
+        if budget.private:
+            # one event, added before the first release and grown before each one: a crash leaves it complete
+            event_id: int | None = ledger.add(SampledGaussianEvent(
+                noise_multiplier=sigma / SENSITIVITY_FACTOR, sample_rate=1.0 / K, steps=released,
+                accountant=ctx.accountant,
+                label=f"gs_wgan sanitised generator gradients (clip {hp['clip']:g}, noise std {sigma:.4g} C, "
+                      f"sensitivity 2C, {K} critics; {SAMPLING_NOTE})",
+            ))
+        else:
+            event_id = None
+            ledger.add(NonPrivateEvent(label="gs_wgan trained without noise (eps=inf)"))
+
+        self.train_log: dict[str, Any] = {"partition_size": parts.size, "critic_batch": critic_batch}
+        t0 = time.perf_counter()
+        it, w = start, math.nan
+        G.train()
+        while it < iterations:
+            k = int(torch.randint(K, (1,), generator=picker))
+            critic, w = critic_turn(bank, k, x=x_all, y=y_all, rows=parts.rows[k], G=G, z_dim=hp["z_dim"],
+                                    steps=hp["critic_steps"], batch=critic_batch, gp_weight=hp["gp_weight"],
+                                    drift=hp["drift"], generator=gen)
+            z = torch.randn(b, hp["z_dim"], generator=gen).to(device)
+            y = torch.randint(0, ctx.num_classes, (b,), generator=gen).to(device)  # labels uniform (public)
+            if event_id is not None:
+                ledger.record_steps(event_id, b)  # charged before the sanitised gradients are used
+            released += b
+            opt_g.zero_grad(set_to_none=True)
+            generator_step(G, critic, z=z, y=y, clip=clip, sigma=sigma, generator=dp_gen)
+            opt_g.step()
+            ema_update(G_ema, G, decay=hp["ema"], step=it)
+            it += 1
+            if it % 100 == 0 or it == 1:
+                log.info("gs_wgan iteration %d/%d: critic %d, W estimate %.4f, eps %.4f", it, iterations, k, w,
+                         ledger.epsilon() if event_id is not None else math.inf)
+            if ckpt is not None and it % hp["checkpoint_every"] == 0:
+                atomic_torch_save(ckpt, {
+                    "iteration": it, "releases": released, "fingerprint": fingerprint, "G": G.state_dict(),
+                    "G_ema": G_ema.state_dict(), "opt_g": opt_g.state_dict(), "critics": bank.state_dict(),
+                    "partitions": parts.state_dict(), "gen": gen.get_state(),
+                    "picker": picker.get_state() if (ctx.deterministic_noise or not budget.private) else None,
+                    "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
+                })
+        G.eval()
+        G_ema.eval()
+        self.G = G_ema if hp["ema"] > 0 else G
+        self.device = device
+        self.train_log.update(iterations=it, releases=released, sigma=sigma,
+                              noise_multiplier=sigma / SENSITIVITY_FACTOR, last_w=w, fit_s=time.perf_counter() - t0)
+        log.info("gs_wgan: %d iterations, %d sanitised releases, sigma %.4g", it, released, sigma)
+
+    @torch.no_grad()
+    def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
+        rng = np.random.default_rng(self.ctx.seed)
+        if labels is None:
+            labels = self.uniform_labels(n, rng)
+        gen = torch.Generator().manual_seed(self.ctx.seed + 1)
+        out = []
+        for i in range(0, n, 1000):
+            y = torch.from_numpy(labels[i : i + 1000]).to(self.device)
+            z = torch.randn(len(y), self.hp["z_dim"], generator=gen).to(self.device)
+            out.append(self.G(z, y).cpu())
+        x = torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, *self.ctx.shape), np.float32)
+        prov = {
+            "method": "gs_wgan",
+            "labels": "uniform over classes (public choice)",
+            "accountant": f"sampled-Gaussian {self.ctx.accountant}, noise multiplier sigma/2 (sensitivity 2C), "
+                          f"rate 1/K, iterations x batch releases; {SAMPLING_NOTE}",
+            "critics": self.hp["critics"],
+            "warm_start": "none (the authors pre-train the critics; not done)",
+            "generator": "EMA of G" if self.hp["ema"] > 0 else "G",
+            **{k: v for k, v in self.train_log.items() if k != "fit_s"},
+        }
+        return Samples(x, labels, prov)
