@@ -168,6 +168,7 @@ def test_dp_gan_on_a_table_releases_class_proportions_then_dp_sgd_within_target(
     # deterministic noise: at eps 0.01 the Laplace scale (100) is large for breast_cancer's 455 private rows, and
     # about 1 draw in 9 zeroes a class, leaving a one-class synthetic table that AUROC refuses
     result = run(make_cfg("method=dp_gan", "dataset=breast_cancer", "eps=1", "metrics.n_samples=300",
+                          "method.class_ratio_epsilon=0.01",  # the paper's (conf/method_dataset has 0.1 here)
                           "metrics.tabular.classifiers=[logreg]", "privacy.deterministic_noise=true"), tmp_path / "run")
     (ratio,) = _events(result, "approx_dp")
     assert ratio["epsilon"] == 0.01 and ratio["delta"] == 0.0 and "Laplace" in ratio["label"]
@@ -249,7 +250,7 @@ def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, 
     from dpsyn.cli.train import run
     from dpsyn.lit import gan
 
-    over = ("method=dp_gan", "dataset=breast_cancer", "eps=1", "trainer.limit_train_batches=4",
+    over = ("method=dp_gan", "dataset=breast_cancer", "eps=1", "trainer.limit_train_batches=4", "method.class_ratio_epsilon=0.01",
             "method.checkpoint_every=2", "method.batch_size=32", "metrics.n_samples=100",
             "metrics.tabular.classifiers=[logreg]", "privacy.deterministic_noise=true")
     original = gan.GANModule.training_step

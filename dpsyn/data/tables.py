@@ -160,7 +160,7 @@ def load_kaggle_credit(cfg: Any, *, seed: int, data_dir: Path) -> DataBundle:
     info = {
         "source": f"Kaggle creditcard.csv ({KAGGLE_CREDIT_URL})",
         "files": {"creditcard.csv": str(path)},
-        "n_rows": int(len(x)),
+        "n_rows": len(x),
         "feature_names": list(KAGGLE_CREDIT_FEATURES),
         "dropped_columns": ["Time"],
         "scaling": "min-max over the whole file (bounds treated as public domain knowledge)",

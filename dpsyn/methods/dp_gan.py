@@ -16,7 +16,6 @@ unbalanced table such as Kaggle Credit (0.17% fraud) keeps its class ratio.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from pathlib import Path
@@ -32,13 +31,13 @@ from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
 from dpsyn.privacy import (
-    ApproxDPEvent,
     NonPrivateEvent,
     PrivacyLedger,
     SampledGaussianEvent,
     dp_generator,
     dpsgd_noise_multiplier,
 )
+from dpsyn.results.io import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 
@@ -111,28 +110,19 @@ class DPGAN(Method):
         charges it once) and return them with the budget left for DP-SGD."""
         eps_ratio = _class_ratio_epsilon(self.cfg, budget)
         saved = Path(self.ctx.run_dir) / "checkpoints" / "class_proportions.json" if self.ctx.run_dir else None
+        released = None
         if budget.private and saved is not None and saved.is_file():
-            state = json.loads(saved.read_text())
+            state = read_json(saved)
             if state["epsilon"] != eps_ratio or len(state["proportions"]) != self.ctx.num_classes:
                 raise ValueError(
                     f"{saved} was released at class_ratio_epsilon={state['epsilon']}, this config asks for "
                     f"{eps_ratio}: resume with the same config, or use a new run directory"
                 )
-            ledger.add(ApproxDPEvent(epsilon=eps_ratio, delta=0.0, label=state["label"]))
-            self._labels_note = (
-                f"drawn from the class proportions released with the Laplace mechanism at eps={eps_ratio:g}"
-            )
+            released = np.asarray(state["proportions"], dtype=np.float64)
             log.info("reusing the class proportions released before the interruption (%s)", saved)
-            return np.asarray(state["proportions"], dtype=np.float64), PrivacyBudget(
-                budget.epsilon - eps_ratio, budget.delta
-            )
-        props, remaining = self.release_class_proportions(private, budget, ledger, eps_ratio)
-        if budget.private and saved is not None:
-            saved.parent.mkdir(parents=True, exist_ok=True)
-            label = ledger.events[-1].label
-            tmp = saved.with_name(f".{saved.name}.tmp")
-            tmp.write_text(json.dumps({"epsilon": eps_ratio, "proportions": props.tolist(), "label": label}))
-            tmp.replace(saved)
+        props, remaining = self.release_class_proportions(private, budget, ledger, eps_ratio, released=released)
+        if budget.private and saved is not None and released is None:
+            atomic_write_json(saved, {"epsilon": eps_ratio, "proportions": props.tolist()})
         how = f"released with the Laplace mechanism at eps={eps_ratio:g}" if budget.private else "exact (eps=inf)"
         self._labels_note = f"drawn from the class proportions {how}"
         log.info("class proportions %s %s; DP-SGD gets eps=%g", np.round(props, 4).tolist(), how, remaining.epsilon)

@@ -51,7 +51,12 @@ from torch import nn
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
-from dpsyn.nets.ensemble import CondConvTeacher, CondMLPTeacher, TeacherEnsemble, TeacherPartitions
+from dpsyn.nets.ensemble import (
+    CondConvTeacher,
+    CondMLPTeacher,
+    TeacherEnsemble,
+    TeacherPartitions,
+)
 from dpsyn.nets.mlp_gan import CondMLPGenerator
 from dpsyn.privacy import (
     PATE_BOUNDS,

@@ -68,7 +68,13 @@ from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.methods.g_pate import _device, _positive_float, _positive_int
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
-from dpsyn.privacy import NonPrivateEvent, PrivacyLedger, SampledGaussianEvent, dp_generator, dpsgd_noise_multiplier
+from dpsyn.privacy import (
+    NonPrivateEvent,
+    PrivacyLedger,
+    SampledGaussianEvent,
+    dp_generator,
+    dpsgd_noise_multiplier,
+)
 from dpsyn.results.io import atomic_torch_save
 
 log = logging.getLogger(__name__)

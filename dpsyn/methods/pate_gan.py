@@ -52,7 +52,12 @@ from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.methods.g_pate import TEACHER_ARCHS, _device, _positive_float, _positive_int
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
-from dpsyn.nets.ensemble import CondConvTeacher, CondMLPTeacher, TeacherEnsemble, TeacherPartitions
+from dpsyn.nets.ensemble import (
+    CondConvTeacher,
+    CondMLPTeacher,
+    TeacherEnsemble,
+    TeacherPartitions,
+)
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
 from dpsyn.privacy import (
     PATE_BOUNDS,
