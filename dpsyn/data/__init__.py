@@ -1,4 +1,5 @@
-"""Datasets: specs and loaders, embedded (Fashion-MNIST, scikit-learn) and real (MNIST, CIFAR-10).
+"""Datasets: specs and loaders, embedded (Fashion-MNIST, scikit-learn) and real (MNIST, CIFAR-10, Pets, Cars, Birds,
+Kaggle Credit).
 
 ``load_dataset(cfg, seed=..., data_dir=...)`` turns a ``conf/dataset/<name>.yaml`` node into a
 :class:`~dpsyn.data.base.DataBundle` by dispatching on ``cfg.name`` through :data:`DATASETS`. The loaders are
