@@ -224,3 +224,117 @@ def test_dp_noise_is_not_reproducible_from_the_seed(make_cfg, tmp_path: Path, mo
     a, b, c, d = (torch.cat([t.flatten() for t in r]) for r in runs)
     assert not torch.equal(a, b), "DP noise was reproducible from the run seed"
     torch.testing.assert_close(c, d)
+
+
+# ------------------------------------------------------------------------------------------------ resume
+
+
+RESUME = ("eps=1", "trainer.max_epochs=2", "method.checkpoint_every=3")  # 2 epochs x 4 Poisson batches = 8 DP steps
+
+
+@pytest.mark.parametrize("method", ["dp_gan_ft", "dp_gan_mi"])
+def test_feature_gan_resumes_a_crashed_dp_stage_without_spending_twice(make_cfg, tmp_path, monkeypatch,
+                                                                       method: str) -> None:
+    """Crash before DP step 8 of 8 (checkpoint every 3): the re-run skips the public pretraining, resumes the DP
+    stage at step 6, and the ledger charges the 8 planned steps once; another calibration or pretraining is
+    refused."""
+    from dpsyn.cli.train import run
+    from dpsyn.lit import feature_gan
+    from dpsyn.privacy import dpsgd_epsilon
+
+    over = (f"method={method}", *SMOKE, *FAST[method], *RESUME)
+    run_dir, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    original = feature_gan.FeatureGANModule.training_step
+    seen: list[tuple[str, int]] = []
+
+    def crash_at_7(self, batch, idx):
+        if self.stage != "public_pretrain" and self.dp_steps == 7:
+            raise RuntimeError("killed")
+        return original(self, batch, idx)
+
+    monkeypatch.setattr(feature_gan.FeatureGANModule, "training_step", crash_at_7)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*over), run_dir)
+    assert (ckpts / "last.ckpt").is_file() and not (run_dir / "result.json").exists()
+    assert (ckpts / "pretrain.ckpt").is_file() == (method == "dp_gan_ft")
+    crashed = PrivacyLedger.load(run_dir / "privacy.json")
+    assert crashed.to_dict()["events"][0]["steps"] == 7  # what the crashed run made, charged on disk
+    state = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=False)["dpsyn"]
+    assert state["dp_steps"] == 6 and state["max_steps"] == 8  # the planned steps the noise was calibrated for
+
+    saved = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    restored: list[bool] = []
+
+    def spy(self, batch, idx):
+        if not seen:  # the weights the resumed DP stage starts from: the checkpoint's
+            restored.append(all(torch.equal(v, saved[k]) for k, v in self.state_dict().items()))
+        seen.append((self.stage, self.dp_steps))
+        return original(self, batch, idx)
+
+    monkeypatch.setattr(feature_gan.FeatureGANModule, "training_step", spy)
+    result = run(make_cfg(*over), run_dir)
+    assert all(stage != "public_pretrain" for stage, _ in seen)  # the pretraining is not redone
+    assert seen[0][1] == 6 and restored == [True]  # the DP stage resumed, not restarted
+    (event,) = result["privacy_events"]
+    assert event["steps"] == 8 and event["noise_multiplier"] == state["noise_multiplier"]
+    assert result["epsilon_spent"] == pytest.approx(dpsgd_epsilon(
+        noise_multiplier=event["noise_multiplier"], sample_rate=event["sample_rate"], steps=8, delta=1e-5))
+    assert result["epsilon_spent"] <= 1.0
+    if method == "dp_gan_ft":
+        assert result["sample_provenance"]["pretraining"]["steps"] == 10  # the record survives the resume
+        with pytest.raises(ValueError, match="resume with the same config"):
+            run(make_cfg(*over, "method.pretrain_steps=12"), run_dir)
+    with pytest.raises(ValueError, match="resume with the same config"):
+        run(make_cfg(*(o if o != "eps=1" else "eps=2" for o in over)), run_dir)
+
+
+def test_dp_gan_ft_resumes_a_crashed_public_pretraining(make_cfg, tmp_path, monkeypatch) -> None:
+    """Crash before pretraining step 8 of 10 (checkpoint every 3): nothing is charged, the re-run continues the
+    pretraining at step 6. Crash again before the first DP checkpoint: the next run loads the finished pretraining
+    instead of redoing it and runs the DP stage."""
+    from dpsyn.cli.train import run
+    from dpsyn.lit import feature_gan
+
+    over = ("method=dp_gan_ft", *SMOKE, *FAST["dp_gan_ft"], *RESUME)
+    run_dir, ckpts = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    original = feature_gan.FeatureGANModule.training_step
+    seen: list[tuple[str, int]] = []
+
+    first: dict[str, dict[str, torch.Tensor]] = {}
+
+    def crash_at(stage: str, step: int):
+        def training_step(self, batch, idx):
+            first.setdefault(self.stage, {k: v.clone() for k, v in self.G.state_dict().items()})
+            seen.append((self.stage, self.dp_steps))
+            if self.stage == stage and self.dp_steps == step:
+                raise RuntimeError("killed")
+            return original(self, batch, idx)
+
+        return training_step
+
+    monkeypatch.setattr(feature_gan.FeatureGANModule, "training_step", crash_at("public_pretrain", 7))
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*over), run_dir)
+    assert not (ckpts / "last.ckpt").exists()
+    assert PrivacyLedger.load(run_dir / "privacy.json").to_dict()["events"] == []  # public: free
+
+    seen.clear()
+    monkeypatch.setattr(feature_gan.FeatureGANModule, "training_step", crash_at("private_finetune", 1))
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*over), run_dir)
+    pre = [steps for stage, steps in seen if stage == "public_pretrain"]
+    assert pre[0] == 6 and max(pre) == 10  # continued, not restarted (the call at 10 stops the stage)
+    assert torch.load(ckpts / "pretrain.ckpt", map_location="cpu", weights_only=False)["dpsyn"]["dp_steps"] == 10
+    assert not (ckpts / "last.ckpt").exists()  # the DP stage crashed before its first checkpoint
+
+    seen.clear()
+    first.clear()
+    monkeypatch.setattr(feature_gan.FeatureGANModule, "training_step", crash_at("none", -1))
+    result = run(make_cfg(*over), run_dir)
+    assert seen and all(stage == "private_finetune" for stage, _ in seen)  # the finished pretraining is loaded
+    assert seen[0][1] == 0
+    pretrained = torch.load(ckpts / "pretrain.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    assert all(torch.equal(v, pretrained[f"G.{k}"]) for k, v in first["private_finetune"].items())
+    assert result["sample_provenance"]["pretraining"]["steps"] == 10
+    (event,) = result["privacy_events"]
+    assert event["steps"] == 8

@@ -12,8 +12,9 @@ What is here:
   discriminator step, the empty-Poisson-batch noise step, the frozen-discriminator generator step are written once,
   there) plus a ``stage`` — ``"public_pretrain"`` (non-private, public features, every label the "no class"
   token) or ``"private_finetune"`` / ``"private_scratch"`` (the DP-SGD stage on private features) — and a step limit
-  for the non-private stage;
-* :func:`fit_feature_gan_stage`: one stage run by a Lightning Trainer.
+  for the non-private stage; its checkpoints also carry the record of the public pretraining its weights descend
+  from (``checkpoint["dpsyn"]["pretraining"]``), so a resumed run can check it and skip the pretraining;
+* :func:`fit_feature_gan_stage`: one stage run by a Lightning Trainer, optionally resumed from a checkpoint.
 
 Labels. The repository scores downstream accuracy, so the feature GAN is class-conditional in the manner of the
 repo's ``dp_gan`` (one-hot label concatenated to the input). The one-hot has ``num_classes + 1`` entries; the last
@@ -109,16 +110,20 @@ class FeatureGANModule(GANModule):
             carry it too), otherwise generated rows get labels drawn uniformly from ``range(num_classes)``.
         max_steps: non-private stages stop after this many discriminator steps (None: the Trainer's epochs). The DP
             stage stops at ``dp["max_steps"]`` (what its noise was calibrated for), as in GANModule.
+        pretraining: the record (settings and outcome) of the public pretraining the weights descend from, None
+            when there is none; written into checkpoints under ``checkpoint["dpsyn"]["pretraining"]``.
         **kwargs: :class:`~dpsyn.lit.gan.GANModule`'s arguments.
     """
 
-    def __init__(self, *, stage: str, null_label: int, max_steps: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, stage: str, null_label: int, max_steps: int | None = None,
+                 pretraining: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if stage not in STAGES:
             raise ValueError(f"stage={stage!r}; allowed: {', '.join(STAGES)}")
         super().__init__(**kwargs)
         if stage == "public_pretrain" and self.dp is not None:
             raise ValueError("the public pretraining stage is non-private: it must not get a DP optimizer")
         self.stage, self.null_label, self.max_steps = stage, int(null_label), max_steps
+        self.pretraining = pretraining
 
     def _latent(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         z = torch.randn(n, self.z_dim, device=self.device)
@@ -134,6 +139,10 @@ class FeatureGANModule(GANModule):
             return
         super().training_step(batch, batch_idx)
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)  # dp_steps and the DP calibration
+        checkpoint["dpsyn"].update(stage=self.stage, pretraining=self.pretraining)
+
 
 def fit_feature_gan_stage(
     module: FeatureGANModule,
@@ -142,6 +151,8 @@ def fit_feature_gan_stage(
     epochs: int,
     trainer_kwargs: dict[str, Any],
     logger: Any = None,
+    callbacks: list[L.Callback] | None = None,
+    ckpt_path: str | None = None,
 ) -> None:
     """Run one stage of the feature GAN with a Lightning Trainer.
 
@@ -152,14 +163,18 @@ def fit_feature_gan_stage(
         epochs: Trainer ``max_epochs``.
         trainer_kwargs: Trainer arguments (from ``conf/trainer``), ``max_epochs`` excluded.
         logger: a Lightning logger or None.
+        callbacks: Trainer callbacks (e.g. :class:`~dpsyn.lit.gan.PeriodicCheckpoint`).
+        ckpt_path: a checkpoint of this stage to resume from (weights, optimizer states, loop progress and, through
+            :meth:`~dpsyn.lit.gan.GANModule.on_load_checkpoint`, the steps already made), or None.
     """
     trainer = L.Trainer(
         max_epochs=epochs,
         logger=logger if logger is not None else False,
-        enable_checkpointing=False,
+        enable_checkpointing=False,  # the caller's PeriodicCheckpoint writes the one checkpoint a resume needs
         use_distributed_sampler=False,
         num_sanity_val_steps=0,
+        callbacks=callbacks or [],
         **trainer_kwargs,
     )
-    trainer.fit(module, train_dataloaders=loader)
+    trainer.fit(module, train_dataloaders=loader, ckpt_path=ckpt_path)
     log.info("feature GAN stage %s: %d discriminator steps", module.stage, module.dp_steps)

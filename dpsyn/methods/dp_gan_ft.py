@@ -21,12 +21,24 @@ IC-GAN's SwAV ResNet-50 and BigGAN generator unless ``public=imagenet``.
 
 The ``private`` features are computed by h, a fixed public function; the discriminator sees them only inside the
 DP-SGD step (``tests/test_paper000_baselines.py`` checks this with a forward hook).
+
+Resuming a crashed run (``checkpoint_every`` > 0 and a run directory; the pattern of ``dp_gan``): the DP stage writes
+``run_dir/checkpoints/last.ckpt`` every ``checkpoint_every`` discriminator steps (:class:`~dpsyn.lit.gan.
+PeriodicCheckpoint`), holding the DP steps made, the DP calibration and the record of the public pretraining the
+weights descend from. A re-run in the same directory refuses a checkpoint made under another calibration or another
+pretraining, skips the pretraining, and continues the DP stage from the steps already made; the ledger charges the
+total once. The public pretraining is checkpointed the same way, to ``run_dir/checkpoints/pretrain.ckpt``: a
+re-run finds it complete (and skips it) or continues it. It is a checkpoint in the run directory rather than a
+cache keyed by a hash of the config because the DP stage's weights descend from one particular pretraining: a
+cache shared across runs could be replaced under a resumed run, and its settings are kept in the checkpoint in
+clear so that a refusal can say what differs.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,8 +47,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dpsyn.data.base import Split
 from dpsyn.lit.feature_gan import FeatureDiscriminator, FeatureGANModule, FeatureGenerator, fit_feature_gan_stage
-from dpsyn.lit.gan import planned_steps
+from dpsyn.lit.gan import PeriodicCheckpoint, planned_steps
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
+from dpsyn.methods.dp_gan import _check_resumable
 from dpsyn.privacy import (
     NonPrivateEvent,
     PrivacyLedger,
@@ -56,6 +69,26 @@ def public_subsample(public: Split, n: int | None, seed: int) -> Split:
         raise ValueError(f"method.max_public={n!r} must be null or a positive integer")
     rows = np.sort(np.random.default_rng(seed).choice(len(public), size=n, replace=False))
     return Split(public.x[rows], public.y[rows], public.index[rows] if public.index is not None else None)
+
+
+def _check_pretraining(ckpt: Path, saved: dict[str, Any] | None, settings: dict[str, Any] | None) -> None:
+    """Refuse a checkpoint whose weights descend from another public pretraining than this config's.
+
+    Args:
+        ckpt: the checkpoint (for the message).
+        saved: its ``checkpoint["dpsyn"]["pretraining"]`` record (None: no pretraining).
+        settings: this config's pretraining settings (None: no pretraining).
+
+    Raises:
+        ValueError: the settings differ.
+    """
+    have = None if saved is None else saved["settings"]
+    if have != settings:
+        diff = sorted(k for k in {**(have or {}), **(settings or {})} if (have or {}).get(k) != (settings or {}).get(k))
+        raise ValueError(
+            f"{ckpt} descends from the public pretraining {have}, this config asks for {settings} (differing: "
+            f"{', '.join(diff)}): resume with the same config, or use a new run directory"
+        )
 
 
 class FeatureGANMethod(Method):
@@ -78,29 +111,65 @@ class FeatureGANMethod(Method):
         return G, D
 
     def _module(self, G: Any, D: Any, *, stage: str, batch: int, dp: dict[str, Any] | None,
-                max_steps: int | None = None) -> FeatureGANModule:
+                max_steps: int | None = None, pretraining: dict[str, Any] | None = None) -> FeatureGANModule:
         cfg = self.cfg
         return FeatureGANModule(
-            stage=stage, null_label=self.ctx.num_classes, max_steps=max_steps, generator=G, discriminator=D,
+            stage=stage, null_label=self.ctx.num_classes, max_steps=max_steps, pretraining=pretraining,
+            generator=G, discriminator=D,
             z_dim=int(cfg.z_dim), num_classes=self.ctx.num_classes, expected_batch_size=batch,
             lr_g=float(cfg.lr_g), lr_d=float(cfg.lr_d), beta1=float(cfg.beta1), dp=dp,
         )
 
-    def _pretrain(self, G: Any, D: Any, public: Split, trainer_kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Stage 1: non-private training on public features (every row labelled "no class")."""
+    def _pretrain_settings(self) -> dict[str, Any]:
+        """What determines the public pretraining (compared on resume): its settings, the shared network settings,
+        the seed and the public encoder."""
+        cfg, enc = self.cfg, self.models.record.get("encoder") or {}
+        return {
+            "steps": int(cfg.pretrain_steps), "batch_size": int(cfg.pretrain_batch_size), "max_public": cfg.max_public,
+            "lr_g": float(cfg.lr_g), "lr_d": float(cfg.lr_d), "beta1": float(cfg.beta1), "z_dim": int(cfg.z_dim),
+            "hidden": int(cfg.hidden), "layers": int(cfg.layers), "seed": int(self.ctx.seed),
+            "encoder": enc.get("key") or enc.get("sha256"),
+        }
+
+    def _pretrain(self, G: Any, D: Any, public: Split, trainer_kwargs: dict[str, Any], *,
+                  settings: dict[str, Any], ckpt: Path | None) -> dict[str, Any]:
+        """Stage 1: non-private training on public features (every row labelled "no class").
+
+        With ``ckpt`` (``run_dir/checkpoints/pretrain.ckpt``), checkpointed as it goes; a complete checkpoint is
+        loaded instead of training, an incomplete one is continued.
+
+        Returns:
+            The pretraining's record: ``settings``, ``n_public``, ``batch_size`` and the ``steps`` made.
+        """
         cfg, ctx = self.cfg, self.ctx
-        steps, batch = int(cfg.pretrain_steps), int(cfg.pretrain_batch_size)
+        steps, batch = settings["steps"], settings["batch_size"]
         pub = public_subsample(public, cfg.max_public, ctx.seed)
+        if batch > len(pub):
+            raise ValueError(f"method.pretrain_batch_size={batch} exceeds the {len(pub)} public examples")
+        record = {"settings": settings, "n_public": len(pub), "batch_size": batch}
+        module = self._module(G, D, stage="public_pretrain", batch=batch, dp=None, max_steps=steps, pretraining=record)
+        callbacks, ckpt_path = [], None
+        if ckpt is not None:
+            callbacks.append(PeriodicCheckpoint(ckpt, int(cfg.checkpoint_every)))
+            if ckpt.is_file():
+                state = torch.load(ckpt, map_location="cpu", weights_only=False)
+                _check_pretraining(ckpt, state["dpsyn"].get("pretraining"), settings)
+                done = int(state["dpsyn"]["dp_steps"])
+                if done >= steps:
+                    module.load_state_dict(state["state_dict"])  # G and D, pretrained
+                    log.info("%s: public pretraining already done (%s, %d steps)", self.method_name, ckpt, done)
+                    return {**record, "steps": done}
+                ckpt_path = str(ckpt)
+                log.info("%s: resuming the public pretraining from %s (%d of %d steps made)",
+                         self.method_name, ckpt, done, steps)
         feats = self.models.encode(pub.x)
-        if batch > len(feats):
-            raise ValueError(f"method.pretrain_batch_size={batch} exceeds the {len(feats)} public examples")
         data = TensorDataset(torch.from_numpy(feats), torch.full((len(feats),), ctx.num_classes, dtype=torch.long))
         loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True,
                             generator=torch.Generator().manual_seed(ctx.seed))
-        module = self._module(G, D, stage="public_pretrain", batch=batch, dp=None, max_steps=steps)
         kwargs = {k: v for k, v in trainer_kwargs.items() if k != "limit_train_batches"}  # steps rule here
-        fit_feature_gan_stage(module, loader, epochs=math.ceil(steps / len(loader)), trainer_kwargs=kwargs)
-        return {"steps": module.dp_steps, "n_public": len(feats), "batch_size": batch}
+        fit_feature_gan_stage(module, loader, epochs=math.ceil(steps / len(loader)), trainer_kwargs=kwargs,
+                              callbacks=callbacks, ckpt_path=ckpt_path)
+        return {**record, "steps": module.dp_steps}
 
     def fit(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
@@ -115,11 +184,24 @@ class FeatureGANMethod(Method):
         trainer_kwargs = dict(ctx.trainer)
         epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
 
+        every = int(cfg.checkpoint_every)
+        ckpt_dir = Path(ctx.run_dir) / "checkpoints" if ctx.run_dir is not None and every > 0 else None
+        last = ckpt_dir / "last.ckpt" if ckpt_dir is not None else None  # the DP stage's
+        resuming = last is not None and last.is_file()
+        pretraining = self.pretrain_on_public and int(cfg.pretrain_steps) > 0
+        if pretraining and public is None:
+            raise ValueError(f"{name} pretrains on public data, and this dataset has none")
+        settings = self._pretrain_settings() if pretraining else None
+
         self.pretrain_info: dict[str, Any] | None = None
-        if self.pretrain_on_public and int(cfg.pretrain_steps) > 0:
-            if public is None:
-                raise ValueError(f"{name} pretrains on public data, and this dataset has none")
-            self.pretrain_info = self._pretrain(G, D, public, trainer_kwargs)
+        if resuming:
+            # the DP checkpoint holds the weights: the pretraining they descend from is not redone, only checked
+            saved = torch.load(last, map_location="cpu", weights_only=False)["dpsyn"].get("pretraining")
+            _check_pretraining(last, saved, settings)
+            self.pretrain_info = saved
+        elif pretraining:
+            self.pretrain_info = self._pretrain(G, D, public, trainer_kwargs, settings=settings,
+                                                ckpt=ckpt_dir / "pretrain.ckpt" if ckpt_dir is not None else None)
 
         # h is a fixed public function: encoding is pre-processing; the features are private from here on
         feats = self.models.encode(private.x)
@@ -153,12 +235,21 @@ class FeatureGANMethod(Method):
         else:
             loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True,
                                 generator=torch.Generator().manual_seed(ctx.seed))
-        self.module = self._module(G, D, stage=stage, batch=batch, dp=dp)
+        self.module = self._module(G, D, stage=stage, batch=batch, dp=dp, pretraining=self.pretrain_info)
+        callbacks, ckpt_path = [], None
+        if last is not None:
+            callbacks.append(PeriodicCheckpoint(last, every))
+            if resuming:
+                ckpt_path = str(last)
+                self.module.dp_steps = _check_resumable(last, dp)  # refuses another calibration
+                log.info("%s: resuming the DP stage from %s (%d discriminator steps already made)",
+                         name, last, self.module.dp_steps)
         try:
             fit_feature_gan_stage(self.module, loader, epochs=epochs, trainer_kwargs=trainer_kwargs,
-                                  logger=ctx.logger)
+                                  logger=ctx.logger, callbacks=callbacks, ckpt_path=ckpt_path)
         finally:
-            # charge every release that happened, even when training stopped early or crashed
+            # charge every release that happened, even when training stopped early or crashed; after a resume,
+            # dp_steps counts the steps of the interrupted run too (restored from the checkpoint): charged once
             if dp is not None:
                 ledger.add(SampledGaussianEvent(
                     noise_multiplier=dp["noise_multiplier"], sample_rate=batch / n, steps=self.module.dp_steps,
