@@ -205,3 +205,18 @@ def test_owner_grid_table_and_figures(tmp_path: Path) -> None:
     assert plots.figure({"kind": "curve", "metric": "nope", "x": "f"}, records, tmp_path / "x.png") is None
     with pytest.raises(ValueError, match="unknown"):
         plots.figure({"kind": "pie", "metric": "acc"}, records, tmp_path / "y.png")
+
+
+def test_sample_mosaics_are_for_images_only(tmp_path: Path) -> None:
+    """Table rows (N, D) get no mosaic (the tabular table once crashed the build); images (N, C, H, W) do."""
+    import numpy as np
+
+    from dpsyn.results import plots
+
+    table, image = tmp_path / "table", tmp_path / "image"
+    atomic_save_npz(table / "samples.npz", x=np.random.rand(20, 30).astype(np.float32), y=np.zeros(20))
+    atomic_save_npz(image / "samples.npz", x=np.random.rand(20, 1, 8, 8).astype(np.float32), y=np.zeros(20))
+    assert not plots.has_image_samples({("g_pate", 1.0): table, ("real", 1.0): image})
+    assert plots.has_image_samples({("missing", 1.0): tmp_path / "nowhere", ("g_pate", 1.0): image})
+    assert not plots.has_image_samples({})
+

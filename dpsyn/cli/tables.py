@@ -137,7 +137,7 @@ def build_tables(spec_path: Path, profile: str, out_dir: Path, cells: list[CellR
     seed0 = {}
     for r in sorted(tables.select_runs(results, spec), key=lambda r: r.get("seed", 0)):
         seed0.setdefault((str(tables._field(r, spec.rows)), tables._key(tables._field(r, spec.columns))), Path(r["run_dir"]))
-    if seed0:
+    if seed0 and plots.has_image_samples(seed0):  # tables: no sample mosaic
         written.append(plots.sample_mosaic(seed0, out_dir / f"{stem}_samples.png", title=spec.title))
     return written
 

@@ -105,6 +105,16 @@ def sample_mosaic(runs: dict[tuple[str, Any], Path], path: str | Path, *, per_ce
     return _save(fig, path)
 
 
+def has_image_samples(runs: dict[tuple[str, Any], Path]) -> bool:
+    """Whether the first run with a ``samples.npz`` holds images (N, C, H, W); table rows have no mosaic."""
+    for run in runs.values():
+        path = Path(run) / "samples.npz"
+        if path.exists():
+            with np.load(path) as z:
+                return z["x"].ndim == 4
+    return False
+
+
 def _tile(x: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
     """k x k images, spread over the classes when labels exist, as one HxW(xC) array."""
     if len(y) == len(x) and len(y):
