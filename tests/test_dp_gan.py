@@ -275,3 +275,18 @@ def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, 
     assert result["epsilon_spent"] <= 1.0
     with pytest.raises(ValueError, match="class_ratio_epsilon"):
         run(make_cfg(*over, "method.class_ratio_epsilon=0.02"), tmp_path / "run")
+
+
+@pytest.mark.parametrize("eps", ["1", "inf"])
+def test_private_runs_log_nothing_read_from_the_private_batch(make_cfg, tmp_path, monkeypatch, eps: str) -> None:
+    """W&B/CSV logs are published with a run: under DP only the generator loss (post-processing of the DP
+    discriminator on a fixed number of fakes) is logged, not the discriminator loss on the private Poisson batch."""
+    from dpsyn.cli.train import run
+    from dpsyn.lit import gan
+
+    logged: list[set[str]] = []
+    monkeypatch.setattr(gan.GANModule, "log_dict", lambda self, d, **k: logged.append(set(d)))
+    run(make_cfg("method=dp_gan", f"eps={eps}", "metrics.names.image=[]", "metrics.n_samples=50",
+                 "trainer.limit_train_batches=2"), tmp_path / "run")
+    assert logged and all("train/loss_g" in keys for keys in logged)
+    assert all(("train/loss_d" in keys) == (eps == "inf") for keys in logged)

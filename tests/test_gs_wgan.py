@@ -264,3 +264,17 @@ def test_gs_wgan_config_errors_name_the_key(make_cfg) -> None:
         cfg = make_cfg("method=gs_wgan", override)
         with pytest.raises(ValueError, match=key):
             METHODS.get("gs_wgan")(cfg.method, _ctx())
+
+
+def test_a_private_run_publishes_neither_the_critic_drawn_nor_its_w_estimate(make_cfg, tmp_path, caplog) -> None:
+    """The 1/K amplification needs the chosen critic to stay secret, and W is read from private rows: neither may
+    reach the logs or result.json of a private run."""
+    import logging
+
+    from dpsyn.cli.train import run
+
+    with caplog.at_level(logging.INFO, logger="dpsyn.methods.gs_wgan"):
+        result = run(make_cfg(*SMOKE, "eps=1", "metrics.names.image=[]", "metrics.n_samples=20"), tmp_path / "run")
+    text = caplog.text
+    assert "gs_wgan iteration 1/" in text and "critic " not in text and "W estimate" not in text
+    assert "last_w" not in result["sample_provenance"]

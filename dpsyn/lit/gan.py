@@ -127,12 +127,13 @@ class GANModule(L.LightningModule):
             self.manual_backward(loss_g)
             opt_g.step()
 
-        self.log_dict(
-            {"train/loss_d": (loss_real + loss_fake).item() / max(b, 1), "train/loss_g": loss_g.item()},
-            prog_bar=True,
-            on_step=True,
-            batch_size=max(b, 1),
-        )
+        # Under DP only what is post-processing of the released discriminator is logged: loss_g (a fixed-size batch of
+        # fakes through the DP-trained D). loss_d reads the private batch without noise, and its size is the Poisson
+        # draw; logs end up in W&B and CSV files, so they would be an unaccounted release.
+        logs = {"train/loss_g": loss_g.item()}
+        if self.dp is None:
+            logs["train/loss_d"] = (loss_real + loss_fake).item() / max(b, 1)
+        self.log_dict(logs, prog_bar=True, on_step=True, batch_size=self.batch)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # the releases made so far: a resumed run charges them once (they are not re-made, not forgotten)

@@ -471,8 +471,12 @@ class GSWGAN(Method):
             ema_update(G_ema, G, decay=hp["ema"], step=it)
             it += 1
             if it % 100 == 0 or it == 1:
-                log.info("gs_wgan iteration %d/%d: critic %d, W estimate %.4f, eps %.4f", it, iterations, k, w,
-                         ledger.epsilon() if event_id is not None else math.inf)
+                # Under DP the log names neither the critic drawn (the secret subsample that the 1/K amplification
+                # relies on) nor its W estimate (read from private rows without noise): logs are published with a run.
+                if event_id is None:
+                    log.info("gs_wgan iteration %d/%d: critic %d, W estimate %.4f", it, iterations, k, w)
+                else:
+                    log.info("gs_wgan iteration %d/%d: eps %.4f", it, iterations, ledger.epsilon())
             if ckpt is not None and it % hp["checkpoint_every"] == 0:
                 atomic_torch_save(ckpt, {
                     "iteration": it, "releases": released, "fingerprint": fingerprint, "G": G.state_dict(),
@@ -486,7 +490,9 @@ class GSWGAN(Method):
         self.G = G_ema if hp["ema"] > 0 else G
         self.device = device
         self.train_log.update(iterations=it, releases=released, sigma=sigma,
-                              noise_multiplier=sigma / SENSITIVITY_FACTOR, last_w=w, fit_s=time.perf_counter() - t0)
+                              noise_multiplier=sigma / SENSITIVITY_FACTOR, fit_s=time.perf_counter() - t0)
+        if event_id is None:  # non-private only: W is read from private rows without noise
+            self.train_log["last_w"] = w
         log.info("gs_wgan: %d iterations, %d sanitised releases, sigma %.4g", it, released, sigma)
 
     @torch.no_grad()
