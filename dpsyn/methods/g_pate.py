@@ -203,6 +203,50 @@ def _positive_float(cfg: Any, key: str) -> float:
     return float(v)
 
 
+def check_pate_hyperparameters(
+    cfg: Any, *, ints: tuple[str, ...], floats: tuple[str, ...], hidden: tuple[str, ...]
+) -> dict[str, Any]:
+    """The hyperparameters G-PATE and PATE-GAN share, checked before any work (one-line errors naming the key):
+    the integers ``ints`` (>= 1; ``checkpoint_every`` >= 0) and numbers ``floats`` (> 0), the Confident-GNMax
+    ``threshold``, Adam's ``beta1``, ``teacher_batch``, ``bound``, the layer-width lists ``hidden``,
+    ``class_ratio_epsilon`` (tables), ``teacher_chunk`` and ``shuffle_partitions`` (as ``shuffle``)."""
+    hp: dict[str, Any] = {}
+    for key in ints:
+        hp[key] = _positive_int(cfg, key, minimum=0 if key == "checkpoint_every" else 1)
+    for key in floats:
+        hp[key] = _positive_float(cfg, key)
+    t = cfg.get("threshold")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(float(t)):
+        raise ValueError(f"method.threshold={t!r}: must be a finite number (a vote count)")
+    hp["threshold"] = float(t)
+    b1 = cfg.get("beta1")
+    if isinstance(b1, bool) or not isinstance(b1, (int, float)) or not 0 <= float(b1) < 1:
+        raise ValueError(f"method.beta1={b1!r}: must lie in [0, 1)")
+    hp["beta1"] = float(b1)
+    tb = cfg.get("teacher_batch")
+    if tb is not None and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 1):
+        raise ValueError(f"method.teacher_batch={tb!r}: must be null (min(batch_size, partition)) or >= 1")
+    hp["teacher_batch"] = tb
+    if cfg.get("bound") not in PATE_BOUNDS:
+        raise ValueError(f"method.bound={cfg.get('bound')!r}; allowed: {', '.join(PATE_BOUNDS)}")
+    hp["bound"] = str(cfg.bound)
+    for key in hidden:
+        widths = cfg.get(key)
+        if not widths or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in widths):
+            raise ValueError(f"method.{key}={widths!r}: must be a non-empty list of layer widths >= 1")
+        hp[key] = [int(h) for h in widths]
+    cre = cfg.get("class_ratio_epsilon")
+    if isinstance(cre, bool) or not isinstance(cre, (int, float)) or not 0 < float(cre) < math.inf:
+        raise ValueError(f"method.class_ratio_epsilon={cre!r}: must be a number > 0 (tables only)")
+    hp["class_ratio_epsilon"] = float(cre)
+    chunk = cfg.get("teacher_chunk")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"method.teacher_chunk={chunk!r}: must be null (all teachers at once) or >= 1")
+    hp["teacher_chunk"] = chunk
+    hp["shuffle"] = bool(cfg.get("shuffle_partitions"))
+    return hp
+
+
 @METHODS.register("g_pate")
 class GPATE(Method):
     """G-PATE on images and tables (see the module docstring)."""
@@ -216,46 +260,16 @@ class GPATE(Method):
     @staticmethod
     def _check(cfg: Any) -> dict[str, Any]:
         """Every hyperparameter, checked before any work (one-line errors naming the key and allowed values)."""
-        hp: dict[str, Any] = {}
-        for key in ("teachers", "steps", "batch_size", "projection_dim", "bins", "z_dim", "ngf", "ndf",
-                    "teacher_steps", "checkpoint_every"):
-            hp[key] = _positive_int(cfg, key, minimum=0 if key == "checkpoint_every" else 1)
+        hp = check_pate_hyperparameters(
+            cfg, ints=("teachers", "steps", "batch_size", "projection_dim", "bins", "z_dim", "ngf", "ndf",
+                       "teacher_steps", "checkpoint_every"),
+            floats=("sigma_threshold", "sigma", "clip", "lr_g", "lr_d"), hidden=("d_hidden", "g_hidden"),
+        )
         if hp["bins"] < 2:
             raise ValueError(f"method.bins={hp['bins']}: must be >= 2")
-        for key in ("sigma_threshold", "sigma", "clip", "lr_g", "lr_d"):
-            hp[key] = _positive_float(cfg, key)
-        t = cfg.get("threshold")
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(float(t)):
-            raise ValueError(f"method.threshold={t!r}: must be a finite number (a vote count)")
-        hp["threshold"] = float(t)
-        b1 = cfg.get("beta1")
-        if isinstance(b1, bool) or not isinstance(b1, (int, float)) or not 0 <= float(b1) < 1:
-            raise ValueError(f"method.beta1={b1!r}: must lie in [0, 1)")
-        hp["beta1"] = float(b1)
-        tb = cfg.get("teacher_batch")
-        if tb is not None and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 1):
-            raise ValueError(f"method.teacher_batch={tb!r}: must be null (min(batch_size, partition)) or >= 1")
-        hp["teacher_batch"] = tb
-        if cfg.get("bound") not in PATE_BOUNDS:
-            raise ValueError(f"method.bound={cfg.get('bound')!r}; allowed: {', '.join(PATE_BOUNDS)}")
-        hp["bound"] = str(cfg.bound)
         if cfg.get("teacher_arch") not in TEACHER_ARCHS:
             raise ValueError(f"method.teacher_arch={cfg.get('teacher_arch')!r}; allowed: {', '.join(TEACHER_ARCHS)}")
         hp["teacher_arch"] = str(cfg.teacher_arch)
-        for key in ("d_hidden", "g_hidden"):
-            hidden = cfg.get(key)
-            if not hidden or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
-                raise ValueError(f"method.{key}={hidden!r}: must be a non-empty list of layer widths >= 1")
-            hp[key] = [int(h) for h in hidden]
-        cre = cfg.get("class_ratio_epsilon")
-        if isinstance(cre, bool) or not isinstance(cre, (int, float)) or not 0 < float(cre) < math.inf:
-            raise ValueError(f"method.class_ratio_epsilon={cre!r}: must be a number > 0 (tables only)")
-        hp["class_ratio_epsilon"] = float(cre)
-        chunk = cfg.get("teacher_chunk")
-        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
-            raise ValueError(f"method.teacher_chunk={chunk!r}: must be null (all teachers at once) or >= 1")
-        hp["teacher_chunk"] = chunk
-        hp["shuffle"] = bool(cfg.get("shuffle_partitions"))
         return hp
 
     # ---- building blocks ----------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ from torch.nn import functional as F
 
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
-from dpsyn.methods.g_pate import TEACHER_ARCHS, _device, _positive_float, _positive_int
+from dpsyn.methods.g_pate import TEACHER_ARCHS, _device, check_pate_hyperparameters
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import (
     CondConvTeacher,
@@ -60,7 +60,6 @@ from dpsyn.nets.ensemble import (
 )
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
 from dpsyn.privacy import (
-    PATE_BOUNDS,
     ApproxDPEvent,
     NonPrivateEvent,
     PATEEvent,
@@ -163,46 +162,16 @@ class PATEGAN(Method):
     @staticmethod
     def _check(cfg: Any, kind: str) -> dict[str, Any]:
         """Every hyperparameter, checked before any work (one-line errors naming the key and allowed values)."""
-        hp: dict[str, Any] = {}
-        for key in ("teachers", "steps", "batch_size", "z_dim", "ngf", "ndf", "student_ndf", "teacher_steps",
-                    "student_steps", "checkpoint_every"):
-            hp[key] = _positive_int(cfg, key, minimum=0 if key == "checkpoint_every" else 1)
-        for key in ("sigma_threshold", "sigma", "lr_g", "lr_s", "lr_d"):
-            hp[key] = _positive_float(cfg, key)
-        t = cfg.get("threshold")
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(float(t)):
-            raise ValueError(f"method.threshold={t!r}: must be a finite number (a vote count)")
-        hp["threshold"] = float(t)
-        b1 = cfg.get("beta1")
-        if isinstance(b1, bool) or not isinstance(b1, (int, float)) or not 0 <= float(b1) < 1:
-            raise ValueError(f"method.beta1={b1!r}: must lie in [0, 1)")
-        hp["beta1"] = float(b1)
-        tb = cfg.get("teacher_batch")
-        if tb is not None and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 1):
-            raise ValueError(f"method.teacher_batch={tb!r}: must be null (min(batch_size, partition)) or >= 1")
-        hp["teacher_batch"] = tb
-        if cfg.get("bound") not in PATE_BOUNDS:
-            raise ValueError(f"method.bound={cfg.get('bound')!r}; allowed: {', '.join(PATE_BOUNDS)}")
-        hp["bound"] = str(cfg.bound)
+        hp = check_pate_hyperparameters(
+            cfg, ints=("teachers", "steps", "batch_size", "z_dim", "ngf", "ndf", "student_ndf", "teacher_steps",
+                       "student_steps", "checkpoint_every"),
+            floats=("sigma_threshold", "sigma", "lr_g", "lr_s", "lr_d"), hidden=("d_hidden", "g_hidden", "s_hidden"),
+        )
         allowed = TABLE_TEACHERS if kind == "table" else IMAGE_TEACHERS
         arch = cfg.get("teacher_arch")
         if arch not in allowed:
             raise ValueError(f"method.teacher_arch={arch!r} for {kind} data; allowed: {', '.join(allowed)}")
         hp["teacher_arch"] = ("mlp" if kind == "table" else "conv") if arch == "auto" else str(arch)
-        for key in ("d_hidden", "g_hidden", "s_hidden"):
-            hidden = cfg.get(key)
-            if not hidden or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in hidden):
-                raise ValueError(f"method.{key}={hidden!r}: must be a non-empty list of layer widths >= 1")
-            hp[key] = [int(h) for h in hidden]
-        chunk = cfg.get("teacher_chunk")
-        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
-            raise ValueError(f"method.teacher_chunk={chunk!r}: must be null (all teachers at once) or >= 1")
-        hp["teacher_chunk"] = chunk
-        hp["shuffle"] = bool(cfg.get("shuffle_partitions"))
-        ratio = cfg.get("class_ratio_epsilon")
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < float(ratio) < math.inf:
-            raise ValueError(f"method.class_ratio_epsilon={ratio!r}: must be a number > 0 (tables)")
-        hp["class_ratio_epsilon"] = float(ratio)
         return hp
 
     # ---- building blocks ----------------------------------------------------------------------------------
