@@ -225,3 +225,31 @@ def test_a_crashed_run_resumes_without_spending_twice(make_cfg, tmp_path, monkey
     with pytest.raises(ValueError, match="resume with the same config"):
         _method(make_cfg, _image_ctx(run_dir=tmp_path), "method.checkpoint_every=2", "method.sigma=60").fit(
             data, budget, PrivacyLedger(target_epsilon=1.0, delta=1e-5))
+
+
+def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, monkeypatch) -> None:
+    """A crash after the Laplace release: the re-run charges that release once and draws no new noise."""
+    from dpsyn.cli.train import run
+
+    over = ("method=pate_gan", "dataset=breast_cancer", *TINY, "eps=2", "method.sigma_threshold=30", "method.sigma=20",
+            "method.class_ratio_epsilon=0.05", "method.checkpoint_every=2", "metrics.names.table=[]",
+            "metrics.n_samples=50")
+    original, calls = pate_gan.student_labels, {"n": 0}
+
+    def crash_in_step_4(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("killed")
+        return original(*a, **k)
+
+    monkeypatch.setattr(pate_gan, "student_labels", crash_in_step_4)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*over), tmp_path / "run")
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "pate_gan.pt", weights_only=False)["proportions"]
+    monkeypatch.setattr(pate_gan, "student_labels", original)
+    monkeypatch.setattr("dpsyn.methods.base.dp_class_proportions", lambda *a, **k: pytest.fail("drew new noise"))
+    result = run(make_cfg(*over), tmp_path / "run")
+    ratio, event = result["privacy_events"]
+    assert ratio["kind"] == "approx_dp" and ratio["epsilon"] == 0.05 and event["queries"] == 5 * 4
+    assert result["epsilon_spent"] <= 2.0
+    assert result["sample_provenance"]["class_proportions"] == pytest.approx(list(saved))

@@ -60,7 +60,6 @@ from dpsyn.nets.ensemble import (
 )
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
 from dpsyn.privacy import (
-    ApproxDPEvent,
     NonPrivateEvent,
     PATEEvent,
     PrivacyLedger,
@@ -274,15 +273,11 @@ class PATEGAN(Method):
 
         # labels of the generated samples: uniform on images; on tables the Laplace-released class proportions
         self.proportions: np.ndarray | None = None
-        if ctx.kind == "table":
-            if state is not None and state.get("proportions") is not None:  # released before the crash: reuse it
-                self.proportions = np.asarray(state["proportions"], dtype=np.float64)
-                if budget.private:
-                    eps_r = hp["class_ratio_epsilon"]
-                    ledger.add(ApproxDPEvent(epsilon=eps_r, delta=0.0, label=(
-                        f"class proportions (Laplace mechanism, L1 sensitivity 1, eps={eps_r:g}; restored)")))
-            else:
-                self.proportions, _ = self.release_class_proportions(private, budget, ledger, hp["class_ratio_epsilon"])
+        if ctx.kind == "table":  # released once: a resumed run reuses (and charges once) the release it made
+            self.proportions, _ = self.release_class_proportions(
+                private, budget, ledger, hp["class_ratio_epsilon"],
+                released=None if state is None else state.get("proportions"),
+            )
         event_id = ledger.add(event) if event is not None else None
         if event is None:
             ledger.add(NonPrivateEvent(label="pate_gan trained without noise (eps=inf): plain argmax of the votes"))
@@ -376,6 +371,7 @@ class PATEGAN(Method):
         prov = {
             "method": "pate_gan",
             "labels": rule,
+            "class_proportions": None if self.proportions is None else [float(p) for p in self.proportions],
             "accountant": "confident-gnmax rdp (Papernot et al. 2018; dpsyn.privacy.pate)",
             "bound": self.hp["bound"],
             "teachers": self.hp["teachers"],
