@@ -203,6 +203,23 @@ def _positive_float(cfg: Any, key: str) -> float:
     return float(v)
 
 
+def load_resumable(ckpt: Path | None, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
+    """The state saved at ``ckpt`` (CPU tensors; ``load_state_dict`` moves them), or None when there is none.
+
+    Raises:
+        ValueError: the checkpoint was made with another ``fingerprint`` (a different config or privacy target).
+    """
+    if ckpt is None or not ckpt.is_file():
+        return None
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    if state["fingerprint"] != fingerprint:
+        raise ValueError(
+            f"{ckpt} was made with {state['fingerprint']}, this run has {fingerprint}: "
+            "resume with the same config, or use a new run directory"
+        )
+    return state
+
+
 def check_pate_hyperparameters(
     cfg: Any, *, ints: tuple[str, ...], floats: tuple[str, ...], hidden: tuple[str, ...]
 ) -> dict[str, Any]:
@@ -349,15 +366,9 @@ class GPATE(Method):
             dp_gen = dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=str(device))
         else:
             event, dp_gen = None, None
-        start, state = 0, None
+        start = 0
         ckpt = Path(ctx.run_dir) / "checkpoints" / CHECKPOINT if ctx.run_dir is not None and hp["checkpoint_every"] else None
-        if ckpt is not None and ckpt.is_file():
-            state = torch.load(ckpt, map_location="cpu", weights_only=False)  # load_state_dict moves to device
-            if state["fingerprint"] != self._fingerprint(budget):
-                raise ValueError(
-                    f"{ckpt} was made with {state['fingerprint']}, this run has {self._fingerprint(budget)}: "
-                    "resume with the same config, or use a new run directory"
-                )
+        state = load_resumable(ckpt, self._fingerprint(budget))
         # tables: the class proportions, released once (Laplace) before anything else; a resumed run reuses them
         self.proportions: np.ndarray | None = None
         if ctx.kind != "image":

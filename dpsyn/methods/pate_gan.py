@@ -50,7 +50,12 @@ from torch.nn import functional as F
 
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
-from dpsyn.methods.g_pate import TEACHER_ARCHS, _device, check_pate_hyperparameters
+from dpsyn.methods.g_pate import (
+    TEACHER_ARCHS,
+    _device,
+    check_pate_hyperparameters,
+    load_resumable,
+)
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import (
     CondConvTeacher,
@@ -251,15 +256,10 @@ class PATEGAN(Method):
             dp_gen = dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=str(device))
         else:
             event, dp_gen = None, None
-        start, state = 0, None
+        start = 0
         ckpt = Path(ctx.run_dir) / "checkpoints" / CHECKPOINT if ctx.run_dir is not None and hp["checkpoint_every"] else None
-        if ckpt is not None and ckpt.is_file():
-            state = torch.load(ckpt, map_location="cpu", weights_only=False)  # load_state_dict moves to device
-            if state["fingerprint"] != self._fingerprint(budget):
-                raise ValueError(
-                    f"{ckpt} was made with {state['fingerprint']}, this run has {self._fingerprint(budget)}: "
-                    "resume with the same config, or use a new run directory"
-                )
+        state = load_resumable(ckpt, self._fingerprint(budget))
+        if state is not None:
             start = int(state["step"])
             for module, key in ((G, "G"), (opt_g, "opt_g"), (S, "S"), (opt_s, "opt_s"), (ens, "teachers"),
                                 (ens.optimizer, "opt_teachers"), (parts, "partitions")):
