@@ -45,6 +45,27 @@ class Samples:
         return len(self.x)
 
 
+def generate_conditional(
+    G: Any, labels: np.ndarray, *, z_dim: int, shape: tuple[int, ...], generator: Any, device: Any = "cpu",
+    batch_size: int = 1000,
+) -> np.ndarray:
+    """``G(z, y)`` for every label, ``batch_size`` at a time: z ~ N(0, I) drawn on the CPU from ``generator`` (the same
+    samples from a seed on any device), outputs moved back to the CPU. Call it under ``torch.no_grad()``.
+
+    Returns:
+        float32 array (len(labels), *shape).
+    """
+    import torch
+
+    y_all = np.asarray(labels, dtype=np.int64)
+    out = []
+    for i in range(0, len(y_all), batch_size):
+        y = torch.from_numpy(y_all[i : i + batch_size]).to(device)
+        z = torch.randn(len(y), z_dim, generator=generator).to(device)
+        out.append(G(z, y).cpu())
+    return torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, *shape), np.float32)
+
+
 @dataclass
 class RunContext:
     """What a method needs to know about the run besides its own hyperparameters.

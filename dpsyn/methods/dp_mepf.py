@@ -44,7 +44,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpsyn.data.base import Split
-from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
+from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.methods.dp_gan_ft import public_subsample
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.privacy import ApproxDPEvent, NonPrivateEvent, PrivacyLedger, dp_numpy_generator, gaussian_sigma
@@ -381,13 +381,9 @@ class DPMEPF(Method):
         if labels is None and conditional:
             labels = self.uniform_labels(n, rng)
         groups = np.asarray(labels, dtype=np.int64) if conditional else np.zeros(n, dtype=np.int64)
-        gen = torch.Generator().manual_seed(self.ctx.seed)
-        out = []
         with torch.no_grad():
-            for i in range(0, n, 1000):
-                y = torch.from_numpy(groups[i : i + 1000])
-                out.append(self.G(torch.randn(len(y), int(self.cfg.z_dim), generator=gen), y).numpy())
-        x = np.concatenate(out) if out else np.zeros((0, *self.ctx.shape), dtype=np.float32)
+            x = generate_conditional(self.G, groups, z_dim=int(self.cfg.z_dim), shape=self.ctx.shape,
+                                     generator=torch.Generator().manual_seed(self.ctx.seed))
         provenance = {
             "method": "dp_mepf",
             "labels": "uniform over classes (public choice)" if conditional else "none (unconditional generator)",

@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from dpsyn.data.base import Split
-from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
+from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import (
     CondConvTeacher,
@@ -472,13 +472,8 @@ class GPATE(Method):
             labels = self.labels_from_proportions(n, self.proportions, rng)
         elif labels is None:
             labels = self.uniform_labels(n, rng)
-        gen = torch.Generator().manual_seed(self.ctx.seed + 1)
-        out = []
-        for i in range(0, n, 1000):
-            y = torch.from_numpy(labels[i : i + 1000]).to(self.device)
-            z = torch.randn(len(y), self.hp["z_dim"], generator=gen).to(self.device)
-            out.append(self.G(z, y).cpu())
-        x = torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, *self.ctx.shape), np.float32)
+        x = generate_conditional(self.G, labels, z_dim=self.hp["z_dim"], shape=self.ctx.shape, device=self.device,
+                                 generator=torch.Generator().manual_seed(self.ctx.seed + 1))
         prov = {
             "method": "g_pate",
             "labels": "uniform over classes (public choice)" if self.proportions is None else

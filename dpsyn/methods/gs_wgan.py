@@ -64,7 +64,7 @@ from torch import nn
 from torch.func import stack_module_state
 
 from dpsyn.data.base import Split
-from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
+from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.methods.g_pate import _device, _positive_float, _positive_int
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
@@ -500,13 +500,8 @@ class GSWGAN(Method):
         rng = np.random.default_rng(self.ctx.seed)
         if labels is None:
             labels = self.uniform_labels(n, rng)
-        gen = torch.Generator().manual_seed(self.ctx.seed + 1)
-        out = []
-        for i in range(0, n, 1000):
-            y = torch.from_numpy(labels[i : i + 1000]).to(self.device)
-            z = torch.randn(len(y), self.hp["z_dim"], generator=gen).to(self.device)
-            out.append(self.G(z, y).cpu())
-        x = torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, *self.ctx.shape), np.float32)
+        x = generate_conditional(self.G, labels, z_dim=self.hp["z_dim"], shape=self.ctx.shape, device=self.device,
+                                 generator=torch.Generator().manual_seed(self.ctx.seed + 1))
         prov = {
             "method": "gs_wgan",
             "labels": "uniform over classes (public choice)",

@@ -49,7 +49,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpsyn.data.base import Split
-from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
+from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.methods.g_pate import (
     TEACHER_ARCHS,
     _device,
@@ -361,13 +361,8 @@ class PATEGAN(Method):
                 rule = "drawn from the Laplace-released class proportions"
         else:
             rule = "given"
-        gen = torch.Generator().manual_seed(self.ctx.seed + 1)
-        out = []
-        for i in range(0, n, 1000):
-            y = torch.from_numpy(np.asarray(labels[i : i + 1000], dtype=np.int64)).to(self.device)
-            z = torch.randn(len(y), self.hp["z_dim"], generator=gen).to(self.device)
-            out.append(self.G(z, y).cpu())
-        x = torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, *self.ctx.shape), np.float32)
+        x = generate_conditional(self.G, labels, z_dim=self.hp["z_dim"], shape=self.ctx.shape, device=self.device,
+                                 generator=torch.Generator().manual_seed(self.ctx.seed + 1))
         prov = {
             "method": "pate_gan",
             "labels": rule,
