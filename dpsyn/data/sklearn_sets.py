@@ -26,7 +26,7 @@ from dpsyn.data.common import (
 )
 from dpsyn.data.fmnist import FMNIST_CLASSES, fmnist_public_split
 
-__all__ = ["DIGIT_CLASSES", "load_breast_cancer_dataset", "load_digits_dataset"]
+__all__ = ["DIGIT_CLASSES", "load_breast_cancer_dataset", "load_digits_dataset", "table_bundle"]
 
 log = logging.getLogger(__name__)
 
@@ -139,17 +139,32 @@ def load_breast_cancer_dataset(cfg: Any, *, seed: int, data_dir: Path) -> DataBu
         extra_keys=_EXTRA_KEYS,
     )
     _eval_fraction(cfg)  # validate before any work
-    x = data.data.astype(np.float64)
-    low, high = x.min(axis=0), x.max(axis=0)
-    x = ((x - low) / np.where(high > low, high - low, 1.0)).astype(np.float32)
-    labels = data.target.astype(np.int64)
-    p_rows, p_labels, e_rows, e_labels, names = _private_eval_rows(cfg, labels, class_names, seed=seed, name=name)
-    private = Split(x[p_rows], p_labels, p_rows)
-    eval_split = Split(x[e_rows], e_labels, e_rows)
     info = {
         "source": "sklearn.datasets.load_breast_cancer",
         "feature_names": [str(f) for f in data.feature_names],
         "scaling": "min-max over the whole dataset (bounds treated as public domain knowledge)",
+    }
+    return table_bundle(cfg, data.data, data.target, class_names, seed=seed, name=name, family="breast_cancer",
+                        info=info)
+
+
+def table_bundle(
+    cfg: Any, x: np.ndarray, labels: np.ndarray, class_names: tuple[str, ...], *, seed: int, name: str, family: str,
+    info: dict[str, Any],
+) -> DataBundle:
+    """A table's bundle: features min-max scaled to [0, 1] with bounds from all of ``x`` (public domain knowledge,
+    as in PATE-GAN's protocol), the fixed stratified private/eval split, and ``info`` (source, features, scaling)
+    completed with the split's settings and sizes."""
+    x = x.astype(np.float64)
+    low, high = x.min(axis=0), x.max(axis=0)
+    x = np.clip((x - low) / np.where(high > low, high - low, 1.0), 0.0, 1.0).astype(np.float32)
+    p_rows, p_labels, e_rows, e_labels, names = _private_eval_rows(
+        cfg, np.asarray(labels).astype(np.int64), class_names, seed=seed, name=name
+    )
+    private = Split(x[p_rows], p_labels, p_rows)
+    eval_split = Split(x[e_rows], e_labels, e_rows)
+    info = {
+        **info,
         "split_seed": int(cfg_get(cfg, "split_seed", 0)),
         "seed": seed,
         "eval_fraction": _eval_fraction(cfg),
@@ -160,12 +175,5 @@ def load_breast_cancer_dataset(cfg: Any, *, seed: int, data_dir: Path) -> DataBu
     }
     log.info("dataset %s: private %d, eval %d, %d features", name, len(private), len(eval_split), x.shape[1])
     return DataBundle(
-        name=name,
-        kind="table",
-        private=private,
-        eval=eval_split,
-        classes=names,
-        family="breast_cancer",
-        public=None,
-        info=info,
+        name=name, kind="table", private=private, eval=eval_split, classes=names, family=family, public=None, info=info
     )

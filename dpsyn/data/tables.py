@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from dpsyn.data.base import DataBundle, Split
+from dpsyn.data.base import DataBundle
 from dpsyn.data.common import DATASETS, cfg_get, check_config
 from dpsyn.data.idx import DataFormatError
-from dpsyn.data.sklearn_sets import _eval_fraction, _private_eval_rows
+from dpsyn.data.sklearn_sets import _eval_fraction, table_bundle
 
 __all__ = [
     "KAGGLE_CREDIT_CLASSES",
@@ -150,13 +150,6 @@ def load_kaggle_credit(cfg: Any, *, seed: int, data_dir: Path) -> DataBundle:
         raise FileNotFoundError(f"Kaggle credit card fraud data not found: {path} does not exist; "
                                 f"{_missing_hint(default)}")
     x, labels = read_creditcard_csv(path)
-    low, high = x.min(axis=0), x.max(axis=0)
-    x = np.clip((x - low) / np.where(high > low, high - low, 1.0), 0.0, 1.0).astype(np.float32)
-    p_rows, p_labels, e_rows, e_labels, names = _private_eval_rows(
-        cfg, labels, KAGGLE_CREDIT_CLASSES, seed=seed, name=name
-    )
-    private = Split(x[p_rows], p_labels, p_rows)
-    eval_split = Split(x[e_rows], e_labels, e_rows)
     info = {
         "source": f"Kaggle creditcard.csv ({KAGGLE_CREDIT_URL})",
         "files": {"creditcard.csv": str(path)},
@@ -164,22 +157,6 @@ def load_kaggle_credit(cfg: Any, *, seed: int, data_dir: Path) -> DataBundle:
         "feature_names": list(KAGGLE_CREDIT_FEATURES),
         "dropped_columns": ["Time"],
         "scaling": "min-max over the whole file (bounds treated as public domain knowledge)",
-        "split_seed": int(cfg_get(cfg, "split_seed", 0)),
-        "seed": seed,
-        "eval_fraction": _eval_fraction(cfg),
-        "n_private": cfg_get(cfg, "n_private"),
-        "classes": names,
-        "sizes": {"private": len(private), "eval": len(eval_split), "public": 0},
-        "shape": [x.shape[1]],
     }
-    log.info("dataset %s: private %d, eval %d, %d features", name, len(private), len(eval_split), x.shape[1])
-    return DataBundle(
-        name=name,
-        kind="table",
-        private=private,
-        eval=eval_split,
-        classes=names,
-        family="kaggle_credit",
-        public=None,
-        info=info,
-    )
+    return table_bundle(cfg, x, labels, KAGGLE_CREDIT_CLASSES, seed=seed, name=name, family="kaggle_credit",
+                        info=info)
