@@ -203,6 +203,15 @@ def _positive_float(cfg: Any, key: str) -> float:
     return float(v)
 
 
+def capped_steps(steps: int, trainer: Any) -> int:
+    """``steps``, capped by an integer ``trainer.limit_train_batches`` (``trainer=debug``: 5), for methods with their
+    own training loop."""
+    limit = (trainer or {}).get("limit_train_batches")
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return min(steps, int(limit))
+    return steps
+
+
 def load_resumable(ckpt: Path | None, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
     """The state saved at ``ckpt`` (CPU tensors; ``load_state_dict`` moves them), or None when there is none.
 
@@ -322,14 +331,6 @@ class GPATE(Method):
         return CondMLPGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, shape=ctx.shape,
                                 hidden=tuple(hp["g_hidden"]))
 
-    def _max_steps(self) -> int:
-        """``method.steps``, capped by an integer ``trainer.limit_train_batches`` (``trainer=debug``: 5)."""
-        limit = (self.ctx.trainer or {}).get("limit_train_batches")
-        steps = self.hp["steps"]
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            steps = min(steps, int(limit))
-        return steps
-
     def _fingerprint(self, budget: PrivacyBudget) -> dict[str, Any]:
         """What a checkpoint must share with this run to be resumed."""
         keys = ("teachers", "batch_size", "projection_dim", "bins", "clip", "sigma_threshold", "sigma", "threshold",
@@ -402,7 +403,7 @@ class GPATE(Method):
         # training labels: uniform over the classes (images), or drawn from the released proportions (tables)
         label_probs = None if self.proportions is None else torch.as_tensor(self.proportions, dtype=torch.float32)
 
-        max_steps = self._max_steps()
+        max_steps = capped_steps(hp["steps"], ctx.trainer)
         self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": parts.size}
         t0 = time.perf_counter()
         step = start

@@ -65,7 +65,7 @@ from torch.func import stack_module_state
 
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
-from dpsyn.methods.g_pate import _device, _positive_float, _positive_int
+from dpsyn.methods.g_pate import _device, _positive_float, _positive_int, capped_steps
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
 from dpsyn.privacy import (
@@ -359,14 +359,6 @@ class GSWGAN(Method):
             hp[key] = bool(cfg.get(key))
         return hp
 
-    def _max_iterations(self) -> int:
-        """``method.iterations``, capped by an integer ``trainer.limit_train_batches`` (``trainer=debug``: 5)."""
-        limit = (self.ctx.trainer or {}).get("limit_train_batches")
-        it = self.hp["iterations"]
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            it = min(it, int(limit))
-        return it
-
     def _fingerprint(self, budget: PrivacyBudget, iterations: int, sigma: float) -> dict[str, Any]:
         """What a checkpoint must share with this run to be resumed."""
         keys = ("critics", "batch_size", "critic_steps", "clip", "gp_weight", "drift", "z_dim", "ngf", "ndf",
@@ -382,7 +374,7 @@ class GSWGAN(Method):
         n_rows, K, b = len(private), hp["critics"], hp["batch_size"]
         if n_rows < K:
             raise ValueError(f"method.critics={K} exceeds the {n_rows} private examples (one row at least each)")
-        iterations = self._max_iterations()
+        iterations = capped_steps(hp["iterations"], ctx.trainer)
         if budget.private:
             sigma = gs_wgan_sigma(epsilon=budget.epsilon, delta=budget.delta, critics=K, iterations=iterations,
                                   batch_size=b, accountant=ctx.accountant)

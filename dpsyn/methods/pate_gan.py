@@ -53,6 +53,7 @@ from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate
 from dpsyn.methods.g_pate import (
     TEACHER_ARCHS,
     _device,
+    capped_steps,
     check_pate_hyperparameters,
     load_resumable,
 )
@@ -203,13 +204,6 @@ class PATEGAN(Method):
         return CondDCGANDiscriminator(num_classes=ctx.num_classes, channels=ctx.shape[0], resolution=ctx.shape[1],
                                       ndf=hp["student_ndf"])
 
-    def _max_steps(self) -> int:
-        """``method.steps``, capped by an integer ``trainer.limit_train_batches`` (``trainer=debug``: 5)."""
-        limit = (self.ctx.trainer or {}).get("limit_train_batches")
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            return min(self.hp["steps"], int(limit))
-        return self.hp["steps"]
-
     def _fingerprint(self, budget: PrivacyBudget) -> dict[str, Any]:
         """What a checkpoint must share with this run to be resumed."""
         keys = ("teachers", "batch_size", "teacher_batch", "sigma_threshold", "sigma", "threshold", "bound",
@@ -288,7 +282,7 @@ class PATEGAN(Method):
             log.info("pate_gan: the data-independent bound allows about %d queries = %d steps of %d (eps=%g left, "
                      "delta=%g)", q, q // b, b, left, budget.delta)
 
-        max_steps = self._max_steps()
+        max_steps = capped_steps(hp["steps"], ctx.trainer)
         self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": parts.size}
         t0 = time.perf_counter()
         step, s_loss = start, math.nan
