@@ -101,3 +101,58 @@ def test_cli_multirun_writes_one_result_per_job(cli_env: dict[str, str], tmp_pat
     assert cells == {("dp_gan", 1.0), ("dp_gan", math.inf), ("real", 1.0), ("real", math.inf)}
     assert proc.stdout.count("dpsyn: ") == 4 and "epsilon spent" in proc.stdout
     assert all(json.loads(r.read_text())["git_sha"] is None or len(json.loads(r.read_text())["git_sha"]) == 40 for r in results)
+
+
+def _twin(sweep: Path, method: str, eps: str, overrides: list[str], spent: float = 0.0, **extra) -> Path:
+    """A finished cell written by hand, as a sweep leaves it."""
+    cell = sweep / method / "fmnist" / f"eps{eps}" / "seed0"
+    cell.mkdir(parents=True)
+    np.savez(cell / "samples.npz", x=np.arange(6.0).reshape(2, 3), y=[0, 1])
+    (cell / "privacy.json").write_text("{}")
+    record = {"method": method, "dataset": "fmnist", "seed": 0, "eps": float(eps), "epsilon_spent": spent,
+              "non_private_reference": method == "real", "deterministic_noise": False, "metrics": {"acc": 0.5},
+              "timings": {"total_s": 50.0}, "overrides": overrides, "run_dir": str(cell), **extra}
+    (cell / "result.json").write_text(json.dumps(record))
+    return cell
+
+
+def test_eps_free_cell_reuses_its_twin_at_another_eps(make_cfg, tmp_path: Path) -> None:
+    from dpsyn.cli.train import reuse_eps_free_result
+    from dpsyn.methods import METHODS
+
+    assert not METHODS.get("real").output_depends_on_eps()
+    assert not METHODS.get("public_uniform").output_depends_on_eps()
+    assert METHODS.get("dp_mge").output_depends_on_eps() and METHODS.get("dp_gan").output_depends_on_eps()
+    sweep = tmp_path / "sweep"
+    twin = _twin(sweep, "real", "inf", ["method=real", "eps=inf", "metrics.n_samples=10"])
+    cell = sweep / "real" / "fmnist" / "eps1" / "seed0"
+    cfg = make_cfg("method=real", "eps=1", "metrics.n_samples=10")
+    result = reuse_eps_free_result(cfg, cell, sweep, ["method=real", "eps=1", "metrics.n_samples=10",
+                                                      "skip_existing=true"])
+    assert result is not None and result["eps"] == 1.0 and result["reused_from"] == str(twin)
+    assert read_json(cell / "result.json") == result and result["metrics"] == {"acc": 0.5}
+    assert np.array_equal(np.load(cell / "samples.npz")["x"], np.load(twin / "samples.npz")["x"])
+    assert (cell / "privacy.json").is_file() and (cell / "config.yaml").is_file()
+    # a third cell names the original, not the copy
+    third = reuse_eps_free_result(make_cfg("method=real", "eps=10", "metrics.n_samples=10"),
+                                  sweep / "real" / "fmnist" / "eps10" / "seed0", sweep,
+                                  ["method=real", "eps=10", "metrics.n_samples=10"])
+    assert third is not None and third["reused_from"] == str(twin)
+
+
+def test_no_reuse_across_other_overrides_budgets_or_eps_dependent_methods(make_cfg, tmp_path: Path) -> None:
+    from dpsyn.cli.train import reuse_eps_free_result
+
+    sweep = tmp_path / "sweep"
+    _twin(sweep, "real", "inf", ["method=real", "eps=inf", "metrics.n_samples=10"])
+    _twin(sweep, "public_uniform", "inf", ["method=public_uniform", "eps=inf"], spent=2.0)
+    _twin(sweep, "dp_gan", "10", ["method=dp_gan", "eps=10"], spent=0.5)
+    cell = tmp_path / "new"
+    # another override (a different config) is not a twin
+    assert reuse_eps_free_result(make_cfg("method=real", "eps=1"), cell, sweep, ["method=real", "eps=1"]) is None
+    # an eps-free method whose twin spent more than this cell's target (never for public_uniform: the guard)
+    assert reuse_eps_free_result(make_cfg("method=public_uniform", "eps=1"), cell, sweep,
+                                 ["method=public_uniform", "eps=1"]) is None
+    # a DP method is always run: its output depends on eps
+    assert reuse_eps_free_result(make_cfg("method=dp_gan", "eps=1"), cell, sweep, ["method=dp_gan", "eps=1"]) is None
+    assert not cell.exists()

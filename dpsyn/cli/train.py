@@ -7,6 +7,7 @@ last), print a summary.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import platform
@@ -190,6 +191,66 @@ def _task_overrides() -> list[str]:
         return []
 
 
+def _without_eps(overrides: list[str]) -> set[str]:
+    return {o for o in overrides if not o.startswith(("eps=", "skip_existing="))}
+
+
+def reuse_eps_free_result(cfg: DictConfig, run_dir: Path, sweep_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
+    """Fill the cell ``run_dir`` of an eps-free method from a finished cell of the same sweep at another eps.
+
+    A sweep over eps runs ``public_uniform`` (reads no private data) and the references (``real``,
+    ``icgan_nonprivate``) once per eps although their output is the same at every eps. With ``skip_existing=true``
+    a cell of such a method (``Method.output_depends_on_eps() is False``) whose twin — same method, dataset and
+    seed, the same command-line overrides but eps — is finished under ``sweep_dir`` gets the twin's outputs
+    (samples linked, ledger copied) and a result.json with this cell's eps, ``reused_from`` naming the twin. A twin
+    whose ledger exceeds this cell's target (possible only for a non-reference method) is not reused.
+
+    Returns:
+        the result written, or None when the method depends on eps or no twin is finished (then the cell runs).
+    """
+    import os
+    import shutil
+
+    from dpsyn.methods import METHODS
+    from dpsyn.results.io import atomic_write_json, atomic_write_text
+
+    method_cls = METHODS.get(cfg.method.name)
+    if method_cls.output_depends_on_eps():
+        return None
+    t0 = time.perf_counter()
+    eps, key = float(cfg.eps), _without_eps(overrides)
+    for path in sorted(Path(sweep_dir).rglob("result.json")):
+        if path.parent.resolve() == run_dir.resolve():
+            continue
+        try:
+            twin = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if (twin.get("method"), twin.get("dataset"), twin.get("seed")) != (cfg.method.name, cfg.dataset.name,
+                                                                           int(cfg.seed)):
+            continue
+        if _without_eps(list(twin.get("overrides") or [])) != key or twin.get("deterministic_noise"):
+            continue
+        if not twin.get("non_private_reference") and not float(twin.get("epsilon_spent", math.inf)) <= eps:
+            continue
+        source = Path(twin.get("reused_from") or path.parent)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("samples.npz", "samples.png", "privacy.json"):
+            if (source / name).is_file():
+                (run_dir / name).unlink(missing_ok=True)
+                try:  # a hard link: the samples are not stored twice
+                    os.link(source / name, run_dir / name)
+                except OSError:
+                    shutil.copy2(source / name, run_dir / name)
+        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        result = {**twin, "eps": eps, "run_dir": str(run_dir), "overrides": list(overrides),
+                  "reused_from": str(source),
+                  "timings": {**twin.get("timings", {}), "total_s": time.perf_counter() - t0}}
+        atomic_write_json(run_dir / "result.json", result)
+        return result
+    return None
+
+
 def format_summary(result: dict[str, Any]) -> str:
     """The few lines the CLI prints at the end of a run."""
     eps_t, spent = result["eps"], result["epsilon_spent"]
@@ -212,11 +273,18 @@ def format_summary(result: dict[str, Any]) -> str:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def _hydra_main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if cfg.skip_existing and (run_dir / "result.json").is_file():
         print(f"dpsyn: {cfg.method.name} on {cfg.dataset.name}, eps={cfg.eps}, seed {cfg.seed}: result found, skipped")
         return None
+    if cfg.skip_existing and HydraConfig.get().mode == RunMode.MULTIRUN:
+        reused = reuse_eps_free_result(cfg, run_dir, Path(HydraConfig.get().sweep.dir), _task_overrides())
+        if reused is not None:
+            print(f"dpsyn: {cfg.method.name} on {cfg.dataset.name}, eps={cfg.eps}, seed {cfg.seed}: its output does "
+                  f"not depend on eps; result of {reused['reused_from']} reused")
+            return reused["metrics"].get("acc")
     try:
         result = run(cfg, run_dir)
     except ConfigError as e:

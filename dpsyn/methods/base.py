@@ -111,11 +111,20 @@ class Method(ABC):
         kinds: dataset kinds the method supports.
         reference: a non-private reference (``real``, ``gan``): its result is written whatever the target eps,
             flagged ``non_private_reference`` with epsilon spent = inf.
+        eps_free: the method's output does not depend on the target eps (a reference, or a method that never reads
+            private data): a sweep run with ``skip_existing=true`` copies its finished cell at another eps instead of
+            running it again (``dpsyn.cli.train.reuse_eps_free_result``). None = the same as ``reference``.
     """
 
     needs_public: ClassVar[bool] = False
     kinds: ClassVar[tuple[str, ...]] = ("image", "table")
     reference: ClassVar[bool] = False
+    eps_free: ClassVar[bool | None] = None
+
+    @classmethod
+    def output_depends_on_eps(cls) -> bool:
+        """False when the method's samples, metrics and ledger are the same at every target eps."""
+        return not (cls.reference if cls.eps_free is None else cls.eps_free)
 
     def __init__(self, cfg: Any, ctx: RunContext) -> None:
         self.cfg = cfg

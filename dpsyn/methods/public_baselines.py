@@ -248,6 +248,7 @@ class PublicUniform(Method):
 
     needs_public = True
     kinds = ("image",)
+    eps_free = True  # reads no private data: the same samples at every target eps
 
     def __init__(self, cfg: Any, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
