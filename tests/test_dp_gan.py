@@ -290,3 +290,42 @@ def test_private_runs_log_nothing_read_from_the_private_batch(make_cfg, tmp_path
                  "trainer.limit_train_batches=2"), tmp_path / "run")
     assert logged and all("train/loss_g" in keys for keys in logged)
     assert all(("train/loss_d" in keys) == (eps == "inf") for keys in logged)
+
+
+def test_shared_dpsgd_setup_calibrates_for_the_trainers_steps_and_samples_poisson() -> None:
+    """dpsyn.lit.dpsgd (dp_gan, dp_gan_ft, dp_gan_mi, dp_dre): the wrapped D, a Poisson loader at batch/n, the
+    noise multiplier of dpsgd_noise_multiplier for exactly the steps the Trainer will run, and the ledger charge."""
+    from types import SimpleNamespace
+
+    from opacus.data_loader import DPDataLoader
+    from torch.utils.data import TensorDataset
+
+    from dpsyn.lit.dpsgd import charge_dpsgd, private_discriminator_loader
+    from dpsyn.methods.base import PrivacyBudget
+    from dpsyn.privacy import PrivacyLedger, dpsgd_epsilon, dpsgd_noise_multiplier
+
+    data = TensorDataset(torch.randn(500, 4), torch.zeros(500, dtype=torch.long))
+    ctx = SimpleNamespace(seed=3, deterministic_noise=False, accountant="rdp")
+    D = torch.nn.Linear(4, 1)
+    kw = dict(batch=50, epochs=3, limit_train_batches=4, ctx=ctx, max_grad_norm=0.7, grad_sample_mode="hooks",
+              name="test")
+    wrapped, loader, dp = private_discriminator_loader(D, data, budget=PrivacyBudget(2.0, 1e-5), **kw)
+    assert isinstance(wrapped, GradSampleModule) and isinstance(loader, DPDataLoader)
+    assert loader.sample_rate == pytest.approx(0.1)
+    assert dp is not None and dp["max_steps"] == 12 and dp["max_grad_norm"] == 0.7  # 3 epochs x 4 batches
+    assert dp["noise_multiplier"] == dpsgd_noise_multiplier(epsilon=2.0, delta=1e-5, sample_rate=0.1, steps=12)
+    # the noise generator is not the run's seed: two set-ups draw different noise
+    _, _, dp2 = private_discriminator_loader(torch.nn.Linear(4, 1), data, budget=PrivacyBudget(2.0, 1e-5), **kw)
+    assert not torch.equal(torch.randn(5, generator=dp["generator"]), torch.randn(5, generator=dp2["generator"]))
+    ledger = PrivacyLedger(target_epsilon=2.0, delta=1e-5)
+    charge_dpsgd(ledger, noise_multiplier=dp["noise_multiplier"], sample_rate=0.1, steps_done=7, accountant="rdp",
+                 label="x", non_private_label="y")
+    assert ledger.epsilon(1e-5) == pytest.approx(dpsgd_epsilon(noise_multiplier=dp["noise_multiplier"],
+                                                               sample_rate=0.1, steps=7, delta=1e-5), rel=1e-9)
+    # no budget: the module as it is, a seeded shuffled loader, a non-private event
+    plain, loader, dp = private_discriminator_loader(D, data, budget=PrivacyBudget(float("inf"), 1e-5), **kw)
+    assert plain is D and dp is None and not isinstance(loader, DPDataLoader) and loader.batch_size == 50
+    ledger = PrivacyLedger(target_epsilon=float("inf"), delta=1e-5)
+    charge_dpsgd(ledger, noise_multiplier=None, sample_rate=0.1, steps_done=7, accountant="rdp", label="x",
+                 non_private_label="y")
+    assert ledger.to_dict()["events"][0]["kind"] == "non_private"

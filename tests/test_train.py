@@ -64,10 +64,10 @@ def test_eps_inf_runs_without_noise(make_cfg, tmp_path: Path) -> None:
 
 def test_over_budget_run_writes_no_result(make_cfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """If the ledger exceeds the target (here: a calibration bug simulated), no result row is written."""
-    import dpsyn.methods.dp_gan as dp_gan
+    import dpsyn.lit.dpsgd as dpsgd
 
-    real_calibration = dp_gan.dpsgd_noise_multiplier
-    monkeypatch.setattr(dp_gan, "dpsgd_noise_multiplier", lambda **kw: real_calibration(**kw) / 3)
+    real_calibration = dpsgd.dpsgd_noise_multiplier
+    monkeypatch.setattr(dpsgd, "dpsgd_noise_multiplier", lambda **kw: real_calibration(**kw) / 3)
     with pytest.raises(BudgetExceededError):
         run(make_cfg("method=dp_gan", "eps=1"), tmp_path / "run")
     assert not (tmp_path / "run" / "result.json").exists()

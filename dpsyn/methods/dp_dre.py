@@ -46,6 +46,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpsyn.data.base import Split
+from dpsyn.lit.dpsgd import calibrate_dpsgd, charge_dpsgd
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, RunContext, Samples
 from dpsyn.methods.public_baselines import (
     OTHER_CLASSES,
@@ -54,13 +55,7 @@ from dpsyn.methods.public_baselines import (
     decode_seeded,
     optional_positive_int,
 )
-from dpsyn.privacy import (
-    NonPrivateEvent,
-    PrivacyLedger,
-    SampledGaussianEvent,
-    dp_generator,
-    dpsgd_noise_multiplier,
-)
+from dpsyn.privacy import PrivacyLedger, dp_generator
 
 log = logging.getLogger(__name__)
 
@@ -270,11 +265,9 @@ class DPDRE(Method):
                                         "public_batch_size": self.public_batch_size}
         dp: DPSGDSettings | None = None
         if budget.private:
-            q = batch / n
-            nm = dpsgd_noise_multiplier(epsilon=budget.epsilon, delta=budget.delta, sample_rate=q, steps=steps,
-                                        accountant=ctx.accountant)
-            log.info("DP-DRE: noise multiplier %.4f for %d steps at sample rate %.5f (%s accountant, eps=%g)",
-                     nm, steps, q, ctx.accountant, budget.epsilon)
+            cal = calibrate_dpsgd(budget=budget, n=n, batch=batch, steps=steps, accountant=ctx.accountant,
+                                  name="dp_dre")
+            q, nm = cal.sample_rate, cal.noise_multiplier
             dp = DPSGDSettings(
                 noise_multiplier=nm, max_grad_norm=float(cfg.max_grad_norm),
                 noise_generator=dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed),
@@ -287,15 +280,12 @@ class DPDRE(Method):
                                public_batch_size=self.public_batch_size, dp=dp)
         finally:
             # charge every step made, even when training stopped early or crashed
-            if dp is not None:
-                ledger.add(SampledGaussianEvent(
-                    noise_multiplier=dp.noise_multiplier, sample_rate=batch / n, steps=self.estimator.steps_done,
-                    accountant=ctx.accountant,
-                    label=f"dp_dre discriminator (DP-SGD + Adam, clip {dp.max_grad_norm:g}; only private rows "
-                          f"Poisson-sampled and accounted, public rows appended to each clipped batch)",
-                ))
-            else:
-                ledger.add(NonPrivateEvent(label="dp_dre discriminator trained without noise (eps=inf)"))
+            charge_dpsgd(ledger, noise_multiplier=dp.noise_multiplier if dp else None, sample_rate=batch / n,
+                         steps_done=self.estimator.steps_done, accountant=ctx.accountant,
+                         label=f"dp_dre discriminator (DP-SGD + Adam, clip {float(cfg.max_grad_norm):g}; only "
+                               f"private rows Poisson-sampled and accounted, public rows appended to each clipped "
+                               f"batch)",
+                         non_private_label="dp_dre discriminator trained without noise (eps=inf)")
         self.dp_info["steps"] = self.estimator.steps_done
         # post-processing: the density ratio over the public pool
         self.log_r = self.estimator.log_ratio(self.pool.feats)

@@ -23,20 +23,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 from dpsyn.data.base import Split
-from dpsyn.lit.gan import GANModule, PeriodicCheckpoint, planned_steps
+from dpsyn.lit.gan import GANModule, PeriodicCheckpoint
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
-from dpsyn.privacy import (
-    NonPrivateEvent,
-    PrivacyLedger,
-    SampledGaussianEvent,
-    dp_generator,
-    dpsgd_noise_multiplier,
-)
+from dpsyn.lit.dpsgd import charge_dpsgd, private_discriminator_loader
+from dpsyn.privacy import PrivacyLedger
 from dpsyn.results.io import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -161,40 +156,11 @@ class DPGAN(Method):
         trainer_kwargs = dict(ctx.trainer)
         epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
 
-        dp: dict[str, Any] | None = None
-        if budget.private:
-            from opacus import GradSampleModule
-            from opacus.data_loader import DPDataLoader
-
-            sample_rate = batch / n
-            # Poisson sampling: the scheme the accountant assumes. Its randomness is part of the mechanism,
-            # so it is drawn from OS entropy like the noise, not from the run seed.
-            loader = DPDataLoader(
-                data,
-                sample_rate=sample_rate,
-                generator=dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed + 1),
-            )
-            steps = planned_steps(
-                epochs=epochs, batches_per_epoch=len(loader), limit_train_batches=trainer_kwargs.get("limit_train_batches")
-            )
-            noise_multiplier = dpsgd_noise_multiplier(
-                epsilon=budget.epsilon, delta=budget.delta, sample_rate=sample_rate, steps=steps, accountant=ctx.accountant
-            )
-            log.info(
-                "DP-SGD: noise multiplier %.4f for %d steps at sample rate %.5f (%s accountant, eps=%g, delta=%g)",
-                noise_multiplier, steps, sample_rate, ctx.accountant, budget.epsilon, budget.delta,
-            )
-            D = GradSampleModule(D, loss_reduction="sum", force_functorch=cfg.grad_sample_mode == "functorch")
-            dp = {
-                "noise_multiplier": noise_multiplier,
-                "max_grad_norm": float(cfg.max_grad_norm),
-                "generator": dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed),
-                "max_steps": steps,
-            }
-        else:
-            loader = DataLoader(
-                data, batch_size=batch, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(ctx.seed)
-            )
+        D, loader, dp = private_discriminator_loader(
+            D, data, batch=batch, epochs=epochs, limit_train_batches=trainer_kwargs.get("limit_train_batches"),
+            budget=budget, ctx=ctx, max_grad_norm=float(cfg.max_grad_norm), grad_sample_mode=cfg.grad_sample_mode,
+            name="dp_gan",
+        )
         module_kwargs: dict[str, Any] = dict(
             generator=G,
             discriminator=D,
@@ -231,18 +197,10 @@ class DPGAN(Method):
             trainer.fit(self.module, train_dataloaders=loader, ckpt_path=ckpt_path)
         finally:
             # charge every release that happened, even when training stopped early or crashed
-            if dp is not None:
-                ledger.add(
-                    SampledGaussianEvent(
-                        noise_multiplier=dp["noise_multiplier"],
-                        sample_rate=batch / n,
-                        steps=self.module.dp_steps,
-                        accountant=ctx.accountant,
-                        label="dp_gan discriminator (DP-SGD, clip %g)" % dp["max_grad_norm"],
-                    )
-                )
-            else:
-                ledger.add(NonPrivateEvent(label="dp_gan trained without noise (eps=inf)"))
+            charge_dpsgd(ledger, noise_multiplier=dp["noise_multiplier"] if dp else None, sample_rate=batch / n,
+                         steps_done=self.module.dp_steps, accountant=ctx.accountant,
+                         label="dp_gan discriminator (DP-SGD, clip %g)" % float(cfg.max_grad_norm),
+                         non_private_label="dp_gan trained without noise (eps=inf)")
         if self.module.G.training:
             self.module.G.eval()
 

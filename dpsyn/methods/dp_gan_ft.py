@@ -47,16 +47,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dpsyn.data.base import Split
 from dpsyn.lit.feature_gan import FeatureDiscriminator, FeatureGANModule, FeatureGenerator, fit_feature_gan_stage
-from dpsyn.lit.gan import PeriodicCheckpoint, planned_steps
+from dpsyn.lit.dpsgd import charge_dpsgd, private_discriminator_loader
+from dpsyn.lit.gan import PeriodicCheckpoint
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.methods.dp_gan import _check_resumable
-from dpsyn.privacy import (
-    NonPrivateEvent,
-    PrivacyLedger,
-    SampledGaussianEvent,
-    dp_generator,
-    dpsgd_noise_multiplier,
-)
+from dpsyn.privacy import PrivacyLedger
 
 log = logging.getLogger(__name__)
 
@@ -210,31 +205,11 @@ class FeatureGANMethod(Method):
         if batch > n:
             raise ValueError(f"method.batch_size={batch} exceeds the {n} private examples")
         stage = "private_finetune" if self.pretrain_info is not None else "private_scratch"
-        dp: dict[str, Any] | None = None
-        if budget.private:
-            from opacus import GradSampleModule
-            from opacus.data_loader import DPDataLoader
-
-            sample_rate = batch / n
-            # Poisson sampling (what the accountant assumes); its randomness is part of the mechanism: OS entropy
-            loader = DPDataLoader(data, sample_rate=sample_rate,
-                                  generator=dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed + 1))
-            steps = planned_steps(epochs=epochs, batches_per_epoch=len(loader),
-                                  limit_train_batches=trainer_kwargs.get("limit_train_batches"))
-            noise_multiplier = dpsgd_noise_multiplier(epsilon=budget.epsilon, delta=budget.delta,
-                                                      sample_rate=sample_rate, steps=steps, accountant=ctx.accountant)
-            log.info("%s DP-SGD: noise multiplier %.4f for %d steps at sample rate %.5f (%s, eps=%g, delta=%g)",
-                     name, noise_multiplier, steps, sample_rate, ctx.accountant, budget.epsilon, budget.delta)
-            D = GradSampleModule(D, loss_reduction="sum", force_functorch=cfg.grad_sample_mode == "functorch")
-            dp = {
-                "noise_multiplier": noise_multiplier,
-                "max_grad_norm": float(cfg.max_grad_norm),
-                "generator": dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed),
-                "max_steps": steps,
-            }
-        else:
-            loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True,
-                                generator=torch.Generator().manual_seed(ctx.seed))
+        D, loader, dp = private_discriminator_loader(
+            D, data, batch=batch, epochs=epochs, limit_train_batches=trainer_kwargs.get("limit_train_batches"),
+            budget=budget, ctx=ctx, max_grad_norm=float(cfg.max_grad_norm), grad_sample_mode=cfg.grad_sample_mode,
+            name=name,
+        )
         self.module = self._module(G, D, stage=stage, batch=batch, dp=dp, pretraining=self.pretrain_info)
         callbacks, ckpt_path = [], None
         if last is not None:
@@ -250,14 +225,11 @@ class FeatureGANMethod(Method):
         finally:
             # charge every release that happened, even when training stopped early or crashed; after a resume,
             # dp_steps counts the steps of the interrupted run too (restored from the checkpoint): charged once
-            if dp is not None:
-                ledger.add(SampledGaussianEvent(
-                    noise_multiplier=dp["noise_multiplier"], sample_rate=batch / n, steps=self.module.dp_steps,
-                    accountant=ctx.accountant,
-                    label=f"{name} feature-GAN discriminator on h(private) (DP-SGD, clip {dp['max_grad_norm']:g})",
-                ))
-            else:
-                ledger.add(NonPrivateEvent(label=f"{name} feature GAN trained without noise (eps=inf)"))
+            charge_dpsgd(ledger, noise_multiplier=dp["noise_multiplier"] if dp else None, sample_rate=batch / n,
+                         steps_done=self.module.dp_steps, accountant=ctx.accountant,
+                         label=f"{name} feature-GAN discriminator on h(private) (DP-SGD, clip "
+                               f"{float(cfg.max_grad_norm):g})",
+                         non_private_label=f"{name} feature GAN trained without noise (eps=inf)")
         self.module.G.eval()
 
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:

@@ -1,0 +1,108 @@
+"""The DP-SGD set-up every DP-SGD method of dpsyn shares: calibrate once, sample as the accountant assumes, charge.
+
+``dp_gan``, ``dp_gan_ft``/``dp_gan_mi`` and ``dp_dre`` train a network on private rows with Opacus DP-SGD. The
+privacy-critical steps are the same in each and written once here:
+
+* :func:`calibrate_dpsgd`: the noise multiplier for the exact number of planned steps at sample rate
+  ``batch / n``, by the configured accountant (RDP by default), logged;
+* :func:`private_discriminator_loader`: for the Lightning GANs, the private loader (Opacus's ``DPDataLoader``:
+  Poisson sampling, the scheme the accountant assumes, its randomness drawn from OS entropy like the noise, never
+  from the run seed), the discriminator wrapped in a ``GradSampleModule`` and the ``dp`` settings
+  :class:`~dpsyn.lit.gan.GANModule` and :class:`~dpsyn.lit.feature_gan.FeatureGANModule` read; without a budget
+  (eps=inf) a seeded shuffled loader and no wrapping;
+* :func:`charge_dpsgd`: the ledger entry for the steps actually made (called in a ``finally``: a crash or an early
+  stop is charged for what it released; a resumed run counts the interrupted run's steps once).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from dpsyn.lit.gan import planned_steps
+from dpsyn.privacy import NonPrivateEvent, PrivacyLedger, SampledGaussianEvent, dp_generator, dpsgd_noise_multiplier
+
+if TYPE_CHECKING:  # dpsyn.methods imports this module
+    from dpsyn.methods.base import PrivacyBudget
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DPSGDCalibration:
+    """One DP-SGD calibration: what the ledger charges per step made."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    accountant: str
+
+
+def calibrate_dpsgd(*, budget: PrivacyBudget, n: int, batch: int, steps: int, accountant: str,
+                    name: str) -> DPSGDCalibration:
+    """The noise multiplier that spends at most ``budget`` in ``steps`` Poisson-sampled steps of rate ``batch/n``."""
+    q = batch / n
+    nm = dpsgd_noise_multiplier(epsilon=budget.epsilon, delta=budget.delta, sample_rate=q, steps=steps,
+                                accountant=accountant)
+    log.info("%s DP-SGD: noise multiplier %.4f for %d steps at sample rate %.5f (%s accountant, eps=%g, delta=%g)",
+             name, nm, steps, q, accountant, budget.epsilon, budget.delta)
+    return DPSGDCalibration(noise_multiplier=nm, sample_rate=q, steps=steps, accountant=accountant)
+
+
+def private_discriminator_loader(
+    D: torch.nn.Module,
+    data: Dataset,
+    *,
+    batch: int,
+    epochs: int,
+    limit_train_batches: int | float | None,
+    budget: PrivacyBudget,
+    ctx: Any,
+    max_grad_norm: float,
+    grad_sample_mode: str,
+    name: str,
+) -> tuple[torch.nn.Module, DataLoader, dict[str, Any] | None]:
+    """``(D, loader, dp)`` for a Lightning GAN whose discriminator reads ``data`` (private rows).
+
+    Under a budget: ``D`` wrapped for per-sample gradients (``grad_sample_mode`` ``functorch`` forces Opacus's
+    functorch path), a Poisson ``DPDataLoader`` at rate ``batch / len(data)``, and ``dp`` = noise multiplier (for
+    the Trainer's exact step count), clip norm, the noise generator (OS entropy unless
+    ``ctx.deterministic_noise``) and ``max_steps``. Without one (eps=inf): ``D`` as it is, a shuffled loader seeded
+    by ``ctx.seed``, ``dp`` None.
+    """
+    n = len(data)  # type: ignore[arg-type]
+    if not budget.private:
+        loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True,
+                            generator=torch.Generator().manual_seed(ctx.seed))
+        return D, loader, None
+    from opacus import GradSampleModule
+    from opacus.data_loader import DPDataLoader
+
+    # Poisson sampling: the scheme the accountant assumes. Its randomness is part of the mechanism, so it is drawn
+    # from OS entropy like the noise, not from the run seed.
+    loader = DPDataLoader(data, sample_rate=batch / n,
+                          generator=dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed + 1))
+    steps = planned_steps(epochs=epochs, batches_per_epoch=len(loader), limit_train_batches=limit_train_batches)
+    cal = calibrate_dpsgd(budget=budget, n=n, batch=batch, steps=steps, accountant=ctx.accountant, name=name)
+    D = GradSampleModule(D, loss_reduction="sum", force_functorch=grad_sample_mode == "functorch")
+    dp = {
+        "noise_multiplier": cal.noise_multiplier,
+        "max_grad_norm": float(max_grad_norm),
+        "generator": dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed),
+        "max_steps": steps,
+    }
+    return D, loader, dp
+
+
+def charge_dpsgd(ledger: PrivacyLedger, *, noise_multiplier: float | None, sample_rate: float, steps_done: int,
+                 accountant: str, label: str, non_private_label: str) -> None:
+    """Record the DP-SGD steps made (``noise_multiplier`` None: the run had no budget, one non-private event)."""
+    if noise_multiplier is None:
+        ledger.add(NonPrivateEvent(label=non_private_label))
+    else:
+        ledger.add(SampledGaussianEvent(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
+                                        steps=steps_done, accountant=accountant, label=label))
