@@ -145,7 +145,9 @@ def test_reproduce_resumes_and_reruns_only_a_deleted_cell(
         return proc.stdout
 
     first = reproduce()
-    assert "2 cells, 0 found, 2 to run" in first and first.count("dpsyn: real on fmnist, seed 0") == 2
+    # real is eps-free: the first cell trains and scores, the second reuses its result (reuse_eps_free_result)
+    assert "2 cells, 0 found, 2 to run" in first and first.count("dpsyn: real on fmnist, seed 0") == 1
+    assert first.count("does not depend on eps; result of") == 1
     second = reproduce()
     assert "2 cells, 2 found, 0 to run" in second and "dpsyn: real on fmnist" not in second
     monkeypatch.setenv("DPSYN_OUTPUT_DIR", env["DPSYN_OUTPUT_DIR"])
@@ -155,8 +157,8 @@ def test_reproduce_resumes_and_reruns_only_a_deleted_cell(
 
     shutil.rmtree(cells[0].run_dir)
     third = reproduce()
-    assert "2 cells, 1 found, 1 to run" in third
-    assert third.count("dpsyn: real on fmnist, seed 0") == 1 and "result found, skipped" in third
+    assert "2 cells, 1 found, 1 to run" in third and "result found, skipped" in third
+    assert third.count("does not depend on eps; result of") == 1 and (cells[0].run_dir / "result.json").is_file()
     md = (tmp_path / "tables" / "dpimagebench_fmnist_embedded.md").read_text()
     assert "| real |" in md
     with Image.open(tmp_path / "tables" / "dpimagebench_fmnist_embedded_fd_fmnist.png") as im:
@@ -220,3 +222,20 @@ def test_sample_mosaics_are_for_images_only(tmp_path: Path) -> None:
     assert plots.has_image_samples({("missing", 1.0): tmp_path / "nowhere", ("g_pate", 1.0): image})
     assert not plots.has_image_samples({})
 
+
+
+def test_select_with_a_list_matches_any_of_its_values(tmp_path: Path) -> None:
+    """experiments/wu2023/table3.yaml selects one method and rows = datasets: only the listed datasets appear."""
+    spec = tables.load_spec(REPO_DIR / "experiments" / "wu2023" / "table3.yaml")
+    assert spec.select == {"method": "dp_dre", "dataset": ["fmnist_shoes", "fmnist_tops", "birds", "cars"]}
+    for ds in ("fmnist_shoes", "digits", "fmnist_tops"):
+        run = tmp_path / ds
+        atomic_write_json(run / "result.json", {"method": "dp_dre", "dataset": ds, "eps": 1.0, "seed": 0,
+                                               "metrics": {"dre_private_class_mass": 0.9}})
+    atomic_write_json(tmp_path / "other" / "result.json", {"method": "dp_mge", "dataset": "fmnist_shoes", "eps": 1.0,
+                                                           "seed": 0, "metrics": {"dre_private_class_mass": 0.1}})
+    picked = tables.select_runs(tables.scan_results(tmp_path), spec)
+    assert sorted(r["dataset"] for r in picked) == ["fmnist_shoes", "fmnist_tops"]
+    plain = tables.TableSpec(name="t", title="t", experiment="e", select={"dataset": "digits"}, rows="method",
+                             columns="eps", metrics=spec.metrics)
+    assert [r["dataset"] for r in tables.select_runs(tables.scan_results(tmp_path), plain)] == ["digits"]

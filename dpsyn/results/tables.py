@@ -150,8 +150,13 @@ def _field(rec: dict[str, Any], name: str) -> Any:
 
 
 def select_runs(results: Iterable[dict[str, Any]], spec: TableSpec) -> list[dict[str, Any]]:
-    """Runs matching every ``spec.select`` field."""
-    return [r for r in results if all(_key(_field(r, k)) == _key(v) for k, v in spec.select.items())]
+    """Runs matching every ``spec.select`` field (a list value: any of its items)."""
+
+    def match(r: dict[str, Any], k: str, v: Any) -> bool:
+        got = _key(_field(r, k))
+        return any(got == _key(x) for x in v) if isinstance(v, (list, tuple)) else got == _key(v)
+
+    return [r for r in results if all(match(r, k, v) for k, v in spec.select.items())]
 
 
 def build_cells(results: Iterable[dict[str, Any]], spec: TableSpec, metric: MetricSpec) -> dict[tuple[Any, Any], Cell]:
