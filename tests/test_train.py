@@ -156,3 +156,16 @@ def test_no_reuse_across_other_overrides_budgets_or_eps_dependent_methods(make_c
     # a DP method is always run: its output depends on eps
     assert reuse_eps_free_result(make_cfg("method=dp_gan", "eps=1"), cell, sweep, ["method=dp_gan", "eps=1"]) is None
     assert not cell.exists()
+
+
+def test_missing_data_is_one_clear_line_not_a_traceback(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """The README's first promise, without CIFAR-10 on disk: exit 3 and a message naming what to put where."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO_DIR / "train.py"), "method=dp_dre", "dataset=cifar10", "eps=1", "logger=none"],
+        capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=300,
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "dpsyn: missing input: CIFAR-10 not found" in proc.stderr and "cifar-10-python.tar.gz" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    (error,) = (tmp_path / "outputs").rglob("error.txt")  # the trace is kept beside the run for a bug report
+    assert "FileNotFoundError" in error.read_text()

@@ -290,6 +290,13 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     except ConfigError as e:
         print(f"dpsyn: config error: {e}", file=sys.stderr)
         sys.exit(2)
+    except FileNotFoundError as e:
+        # data or a checkpoint the user must provide: the loaders' messages say what to download and where
+        from dpsyn.results.io import atomic_write_text
+
+        atomic_write_text(run_dir / "error.txt", traceback.format_exc())
+        print(f"dpsyn: missing input: {e}", file=sys.stderr)
+        sys.exit(3)
     except Exception:
         # keep the cause beside the (absent) result, so a sweep's failed cells can be reported and re-run
         from dpsyn.results.io import atomic_write_text
