@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -166,9 +168,9 @@ class _Dummy(Method):
         raise NotImplementedError
 
 
-def _method(*, deterministic: bool = True) -> _Dummy:
+def _method(*, deterministic: bool = True, run_dir: Path | None = None) -> _Dummy:
     ctx = RunContext(seed=0, deterministic_noise=deterministic, accountant="rdp", kind="table", shape=(5,),
-                     num_classes=3, classes=["a", "b", "c"])
+                     num_classes=3, classes=["a", "b", "c"], run_dir=run_dir)
     return _Dummy({}, ctx)
 
 
@@ -235,3 +237,25 @@ def test_labels_follow_the_proportions() -> None:
     # unnormalised weights are normalised
     labels = _method().labels_from_proportions(10_000, np.array([1.0, 1.0, 2.0]), rng)
     assert np.bincount(labels, minlength=3)[2] / 10_000 == pytest.approx(0.5, abs=0.02)
+
+
+def test_a_release_is_drawn_once_per_run_directory(tmp_path: Path) -> None:
+    """A run that crashes after the Laplace release (before any checkpoint of g_pate / pate_gan / dp_gan) and is
+    run again in its directory reuses the release it wrote, charging it again in the new ledger; never a new draw."""
+    budget = PrivacyBudget(epsilon=1.0, delta=1e-5)
+
+    def release(run_dir: Path, eps_ratio: float = 0.01) -> tuple[np.ndarray, PrivacyLedger]:
+        ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-5)
+        props = _method(deterministic=False, run_dir=run_dir).release_class_proportions(
+            _private(), budget, ledger, eps_ratio)[0]
+        return props, ledger
+
+    first, _ = release(tmp_path / "a")
+    assert (tmp_path / "a" / "checkpoints" / "class_proportions.json").is_file()
+    again, ledger = release(tmp_path / "a")
+    np.testing.assert_array_equal(first, again)
+    assert ledger.epsilon() == pytest.approx(0.01)
+    other, _ = release(tmp_path / "b")  # another run: a fresh draw (OS entropy)
+    assert not np.array_equal(first, other)
+    with pytest.raises(ValueError, match="released at class-ratio epsilon 0.01"):
+        release(tmp_path / "a", eps_ratio=0.1)

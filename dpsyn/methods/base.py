@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ import numpy as np
 from dpsyn.data.base import Split
 from dpsyn.privacy import ApproxDPEvent, PrivacyLedger, dp_class_proportions, dp_numpy_generator
 from dpsyn.registry import Registry
+from dpsyn.results.io import atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
 
 METHODS: Registry = Registry("method")
 
@@ -169,16 +173,25 @@ class Method(ABC):
         A non-private run (eps = inf) uses the exact proportions and charges nothing here (its ledger is already
         non-private). ``released``: proportions this run already released (a resumed run's checkpoint): they are
         charged again in this (fresh) ledger and returned, and no new noise is drawn (a second draw would be a second
-        release).
+        release). With a run directory, a fresh draw is written at once to ``checkpoints/class_proportions.json``
+        and a re-run in that directory (after a crash, whenever it came) reuses it: the noise is drawn once per run.
 
         Raises:
-            ValueError: ``epsilon`` not in (0, budget.epsilon).
+            ValueError: ``epsilon`` not in (0, budget.epsilon); a saved release made at another epsilon.
         """
         y = np.asarray(private.y).astype(np.int64)
         if not budget.private:
             return np.bincount(y, minlength=self.ctx.num_classes) / max(len(y), 1), budget
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < budget.epsilon:
             raise ValueError(f"class-ratio epsilon {epsilon!r} must lie in (0, eps={budget.epsilon:g})")
+        saved = Path(self.ctx.run_dir) / "checkpoints" / "class_proportions.json" if self.ctx.run_dir else None
+        if released is None and saved is not None and saved.is_file():
+            state = read_json(saved)
+            if state["epsilon"] != float(epsilon):
+                raise ValueError(f"{saved} was released at class-ratio epsilon {state['epsilon']}, this config asks "
+                                 f"for {epsilon}: resume with the same config, or use a new run directory")
+            released = np.asarray(state["proportions"], dtype=np.float64)
+            log.info("reusing the class proportions this run released before (%s)", saved)
         if released is not None:
             props = np.asarray(released, dtype=np.float64)
             if props.shape != (self.ctx.num_classes,):
@@ -186,6 +199,8 @@ class Method(ABC):
         else:
             gen = dp_numpy_generator(deterministic=self.ctx.deterministic_noise, seed=self.ctx.seed)
             props = dp_class_proportions(y, self.ctx.num_classes, epsilon=float(epsilon), generator=gen)
+            if saved is not None:  # before anything else can fail: a re-run must not draw again
+                atomic_write_json(saved, {"epsilon": float(epsilon), "proportions": props.tolist()})
         ledger.add(ApproxDPEvent(epsilon=float(epsilon), delta=0.0,
                                  label=f"class proportions (Laplace mechanism, L1 sensitivity 1, eps={epsilon:g})"))
         return props, PrivacyBudget(budget.epsilon - float(epsilon), budget.delta)

@@ -32,7 +32,6 @@ from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
 from dpsyn.lit.dpsgd import charge_dpsgd, private_discriminator_loader
 from dpsyn.privacy import PrivacyLedger
-from dpsyn.results.io import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 
@@ -101,23 +100,10 @@ class DPGAN(Method):
     def _table_class_proportions(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger
     ) -> tuple[np.ndarray, PrivacyBudget]:
-        """Release the class proportions (once per run directory: a resumed run reuses the release it made and
-        charges it once) and return them with the budget left for DP-SGD."""
+        """Release the class proportions (once per run directory: a re-run reuses the release it made and charges
+        it once, :meth:`Method.release_class_proportions`) and return them with the budget left for DP-SGD."""
         eps_ratio = _class_ratio_epsilon(self.cfg, budget)
-        saved = Path(self.ctx.run_dir) / "checkpoints" / "class_proportions.json" if self.ctx.run_dir else None
-        released = None
-        if budget.private and saved is not None and saved.is_file():
-            state = read_json(saved)
-            if state["epsilon"] != eps_ratio or len(state["proportions"]) != self.ctx.num_classes:
-                raise ValueError(
-                    f"{saved} was released at class_ratio_epsilon={state['epsilon']}, this config asks for "
-                    f"{eps_ratio}: resume with the same config, or use a new run directory"
-                )
-            released = np.asarray(state["proportions"], dtype=np.float64)
-            log.info("reusing the class proportions released before the interruption (%s)", saved)
-        props, remaining = self.release_class_proportions(private, budget, ledger, eps_ratio, released=released)
-        if budget.private and saved is not None and released is None:
-            atomic_write_json(saved, {"epsilon": eps_ratio, "proportions": props.tolist()})
+        props, remaining = self.release_class_proportions(private, budget, ledger, eps_ratio)
         how = f"released with the Laplace mechanism at eps={eps_ratio:g}" if budget.private else "exact (eps=inf)"
         self._labels_note = f"drawn from the class proportions {how}"
         log.info("class proportions %s %s; DP-SGD gets eps=%g", np.round(props, 4).tolist(), how, remaining.epsilon)
