@@ -54,3 +54,33 @@ def test_unknown_metric_fails_before_any_metric_runs(make_cfg, tmp_path: Path) -
     with pytest.raises(ValueError, match="unknown metric 'fidd'"):
         run(make_cfg("method=real", "metrics.names.image=[fd,fidd]"), tmp_path / "run")
     assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_monitor_scores_like_the_metrics_and_computes_the_real_radii_once(make_cfg, monkeypatch) -> None:
+    """PE's per-iteration monitor: the same precision/recall as the metric functions, the real set's k-NN radii
+    computed on the first call only (they were recomputed every iteration)."""
+    import numpy as np
+
+    from dpsyn.cli.train import _family_loader
+    from dpsyn.data import load_dataset
+    from dpsyn.metrics import fidelity, make_monitor
+
+    cfg = make_cfg("dataset=fmnist", "metrics.n_real=500")
+    data = load_dataset(cfg.dataset, seed=0, data_dir=cfg.paths.data_dir)
+    calls = []
+    real_radii = fidelity.real_squared_knn_radii
+    monkeypatch.setattr(fidelity, "real_squared_knn_radii", lambda *a, **k: calls.append(1) or real_radii(*a, **k))
+    monitor = make_monitor(data, cfg.metrics, cache_dir=cfg.paths.cache_dir, load_family=_family_loader(cfg))
+    images = [data.private.x[:300], data.private.x[300:600]]
+    got = [monitor(x) for x in images]
+    assert len(calls) == 1 and all({"fd_fmnist", "precision", "recall"} <= set(v) for v in got)
+    # the same numbers the metric function gives from scratch, on the monitor's own features
+    from dpsyn.metrics import _extractor, _features
+
+    env = {"cache_dir": cfg.paths.cache_dir, "seed": 0, "load_family": _family_loader(cfg), "feats": {}}
+    real = _features(env, data, cfg.metrics, "real")
+    gen = _extractor(env, data, cfg.metrics).extract(images[1])["features"]
+    want = fidelity.precision_recall(gen, real, k=int(cfg.metrics.prdc.k_pr))
+    assert got[1]["precision"] == pytest.approx(want["precision"]) and got[1]["recall"] == pytest.approx(want["recall"])
+    with pytest.raises(ValueError, match="real_squared_radii of shape"):
+        fidelity.precision_recall(gen, real, k=3, real_squared_radii=np.zeros(3))

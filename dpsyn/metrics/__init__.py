@@ -243,7 +243,7 @@ def make_monitor(
     count as a read of the sealed evaluation split. The extractor and the real features are built on first use and
     kept. Images of a non-image dataset give ``{}``.
     """
-    from dpsyn.metrics.fidelity import frechet_distance_from_features, precision_recall
+    from dpsyn.metrics.fidelity import frechet_distance_from_features, precision_recall, real_squared_knn_radii
 
     env: dict[str, Any] = {"cache_dir": cache_dir, "seed": 0, "load_family": load_family, "feats": {}}
 
@@ -256,8 +256,11 @@ def make_monitor(
         name = "fid" if ext.name == "inception" else f"fd{_suffix(ext)}"
         values = {name: float(frechet_distance_from_features(gen, real))}
         k = int(cfg.prdc.k_pr)
-        if len(gen) > k:
-            values.update({key: float(v) for key, v in precision_recall(gen, real, k=k).items()})
+        if len(gen) > k and len(real) > k:
+            if ("real_r2", k) not in env:  # the real set is the same at every call: its k-NN radii are computed once
+                env[("real_r2", k)] = real_squared_knn_radii(real, k=k)
+            pr = precision_recall(gen, real, k=k, real_squared_radii=env[("real_r2", k)])
+            values.update({key: float(v) for key, v in pr.items()})
         return values
 
     return monitor

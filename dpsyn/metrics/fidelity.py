@@ -260,6 +260,14 @@ def _knn_squared_radii(f: torch.Tensor, k: int) -> torch.Tensor:
     return radii.clamp_(min=0.0)
 
 
+def real_squared_knn_radii(real: np.ndarray, *, k: int) -> torch.Tensor:
+    """The squared k-NN radii :func:`precision_recall` computes for its real set, to pass back as
+    ``real_squared_radii`` when that set is scored again."""
+    r = np.ascontiguousarray(real, dtype=np.float64)
+    _check_k(k, len(r))
+    return _knn_squared_radii(torch.from_numpy(r), k)
+
+
 def knn_radii(features: np.ndarray, *, k: int) -> np.ndarray:
     """Distance of each row to its k-th nearest neighbour in the same set (the row itself not counted).
 
@@ -274,7 +282,8 @@ def knn_radii(features: np.ndarray, *, k: int) -> np.ndarray:
     return _knn_squared_radii(torch.from_numpy(f), k).sqrt().numpy()
 
 
-def precision_recall(generated: np.ndarray, real: np.ndarray, *, k: int = 3) -> dict[str, float]:
+def precision_recall(generated: np.ndarray, real: np.ndarray, *, k: int = 3,
+                     real_squared_radii: torch.Tensor | None = None) -> dict[str, float]:
     """Improved precision and recall (Kynkaanniemi et al. 2019) with k-NN manifold estimates.
 
     Precision: the fraction of generated samples within (``<=``) the k-NN radius of at least one real sample.
@@ -286,6 +295,8 @@ def precision_recall(generated: np.ndarray, real: np.ndarray, *, k: int = 3) -> 
         generated: (N_g, D) generated features.
         real: (N_r, D) real features.
         k: neighbourhood size (the paper's default 3).
+        real_squared_radii: the real set's squared k-NN radii (:func:`real_squared_knn_radii`), when the same real
+            set is scored many times (PE's per-iteration monitor): computed here otherwise.
 
     Returns:
         ``{"precision": ..., "recall": ...}``.
@@ -296,7 +307,13 @@ def precision_recall(generated: np.ndarray, real: np.ndarray, *, k: int = 3) -> 
     g, r = _check_pair(generated, real)
     _check_k(k, len(g), len(r))
     gt, rt = torch.from_numpy(g), torch.from_numpy(r)
-    real_r2, gen_r2 = _knn_squared_radii(rt, k), _knn_squared_radii(gt, k)
+    if real_squared_radii is None:
+        real_r2 = _knn_squared_radii(rt, k)
+    elif real_squared_radii.shape != (len(r),):
+        raise ValueError(f"real_squared_radii of shape {tuple(real_squared_radii.shape)} for {len(r)} real rows")
+    else:
+        real_r2 = real_squared_radii.to(rt.dtype)
+    gen_r2 = _knn_squared_radii(gt, k)
     precise = torch.zeros(len(g), dtype=torch.bool)
     recalled = torch.zeros(len(r), dtype=torch.bool)
     mask = torch.empty(min(_block_rows(len(r)), len(g)), len(r), dtype=torch.bool)
