@@ -57,3 +57,16 @@ def cli_env(tmp_path: Path, cache_dir: Path) -> dict[str, str]:
         PYTHONPATH=str(REPO_DIR),
     )
     return env
+
+
+def crash_on_call(original, n: int = 4):
+    """``original`` wrapped to raise ``RuntimeError("killed")`` on its ``n``-th call (a run killed mid-training)."""
+    calls = {"n": 0}
+
+    def wrapper(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise RuntimeError("killed")
+        return original(*a, **k)
+
+    return wrapper

@@ -13,6 +13,7 @@ from dpsyn.methods import g_pate
 from dpsyn.methods.g_pate import aggregate_votes, bin_centres, dp_grad_agg, random_projections, teacher_votes
 from dpsyn.nets.dcgan import CondDCGANDiscriminator
 from dpsyn.nets.ensemble import CondConvTeacher, CondMLPTeacher, TeacherEnsemble, TeacherPartitions
+from tests.conftest import crash_on_call
 
 ARCHS = {
     "conv": lambda: CondConvTeacher(num_classes=3, channels=1, resolution=28, ndf=4),
@@ -198,16 +199,8 @@ def test_a_crashed_g_pate_run_resumes_without_spending_twice(make_cfg, tmp_path,
     from dpsyn.privacy import PrivacyLedger
 
     over = (*SMOKE, "eps=1", "method.checkpoint_every=2", "metrics.names.image=[]", "metrics.n_samples=50")
-    calls = {"n": 0}
     original = g_pate.aggregate_votes
-
-    def crash_in_step_4(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise RuntimeError("killed")
-        return original(*a, **k)
-
-    monkeypatch.setattr(g_pate, "aggregate_votes", crash_in_step_4)
+    monkeypatch.setattr(g_pate, "aggregate_votes", crash_on_call(original, 4))
     with pytest.raises(RuntimeError, match="killed"):
         run(make_cfg(*over), tmp_path / "run")
     assert (tmp_path / "run" / "checkpoints" / "g_pate.pt").is_file()
@@ -257,15 +250,8 @@ def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, 
     from dpsyn.cli.train import run
 
     over = (*TABLE, "eps=1", "method.checkpoint_every=2", "metrics.names.table=[]", "metrics.n_samples=50")
-    original, calls = g_pate.aggregate_votes, {"n": 0}
-
-    def crash_in_step_4(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise RuntimeError("killed")
-        return original(*a, **k)
-
-    monkeypatch.setattr(g_pate, "aggregate_votes", crash_in_step_4)
+    original = g_pate.aggregate_votes
+    monkeypatch.setattr(g_pate, "aggregate_votes", crash_on_call(original, 4))
     with pytest.raises(RuntimeError, match="killed"):
         run(make_cfg(*over), tmp_path / "run")
     saved = torch.load(tmp_path / "run" / "checkpoints" / "g_pate.pt", weights_only=False)["class_proportions"]

@@ -23,6 +23,7 @@ from dpsyn.methods.gs_wgan import (
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
 from dpsyn.privacy import PrivacyLedger, dp_generator, dpsgd_epsilon
+from tests.conftest import crash_on_call
 
 SMOKE = ("method=gs_wgan", "dataset=fmnist", "method.critics=20", "method.batch_size=4", "method.critic_steps=1",
          "method.ndf=2", "method.ngf=4", "method.z_dim=8", "privacy.deterministic_noise=true",
@@ -224,16 +225,8 @@ def test_gs_wgan_runs_end_to_end_and_resumes_without_charging_twice(make_cfg, tm
     from dpsyn.cli.train import run
 
     over = (*SMOKE, "eps=1", "method.checkpoint_every=2")
-    calls = {"n": 0}
     original = gs_wgan.generator_step
-
-    def crash_in_iteration_4(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise RuntimeError("killed")
-        return original(*a, **k)
-
-    monkeypatch.setattr(gs_wgan, "generator_step", crash_in_iteration_4)
+    monkeypatch.setattr(gs_wgan, "generator_step", crash_on_call(original, 4))
     with pytest.raises(RuntimeError, match="killed"):
         run(make_cfg(*over), tmp_path / "run")
     assert (tmp_path / "run" / "checkpoints" / "gs_wgan.pt").is_file()

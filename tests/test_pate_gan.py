@@ -15,6 +15,7 @@ from dpsyn.methods import METHODS, PrivacyBudget, RunContext, pate_gan
 from dpsyn.methods.pate_gan import binary_votes, student_labels, teacher_update
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherEnsemble, TeacherPartitions
 from dpsyn.privacy import PrivacyLedger, pate_data_independent_epsilon
+from tests.conftest import crash_on_call
 
 TINY = ("method.teachers=10", "method.batch_size=4", "method.teacher_batch=2", "method.sigma_threshold=100",
         "method.sigma=50", "method.threshold=5", "method.ndf=2", "method.student_ndf=4", "method.z_dim=8",
@@ -199,16 +200,8 @@ def test_pate_gan_without_noise_at_eps_inf_and_config_errors(make_cfg) -> None:
 def test_a_crashed_run_resumes_without_spending_twice(make_cfg, tmp_path, monkeypatch) -> None:
     """Crash in step 4 (checkpoint every 2): the re-run resumes at step 2 and the ledger counts 5 steps once."""
     data, budget = _image_split(), PrivacyBudget(1.0, 1e-5)
-    calls = {"n": 0}
     original = pate_gan.student_labels
-
-    def crash_in_step_4(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise RuntimeError("killed")
-        return original(*a, **k)
-
-    monkeypatch.setattr(pate_gan, "student_labels", crash_in_step_4)
+    monkeypatch.setattr(pate_gan, "student_labels", crash_on_call(original, 4))
     ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-5)
     with pytest.raises(RuntimeError, match="killed"):
         _method(make_cfg, _image_ctx(run_dir=tmp_path), "method.checkpoint_every=2").fit(data, budget, ledger)
@@ -234,15 +227,8 @@ def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, 
     over = ("method=pate_gan", "dataset=breast_cancer", *TINY, "eps=2", "method.sigma_threshold=30", "method.sigma=20",
             "method.class_ratio_epsilon=0.05", "method.checkpoint_every=2", "metrics.names.table=[]",
             "metrics.n_samples=50")
-    original, calls = pate_gan.student_labels, {"n": 0}
-
-    def crash_in_step_4(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise RuntimeError("killed")
-        return original(*a, **k)
-
-    monkeypatch.setattr(pate_gan, "student_labels", crash_in_step_4)
+    original = pate_gan.student_labels
+    monkeypatch.setattr(pate_gan, "student_labels", crash_on_call(original, 4))
     with pytest.raises(RuntimeError, match="killed"):
         run(make_cfg(*over), tmp_path / "run")
     saved = torch.load(tmp_path / "run" / "checkpoints" / "pate_gan.pt", weights_only=False)["proportions"]
