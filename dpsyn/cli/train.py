@@ -229,7 +229,7 @@ def reuse_eps_free_result(cfg: DictConfig, run_dir: Path, sweep_dir: Path, overr
         if (twin.get("method"), twin.get("dataset"), twin.get("seed")) != (cfg.method.name, cfg.dataset.name,
                                                                            int(cfg.seed)):
             continue
-        if _without_eps(list(twin.get("overrides") or [])) != key or twin.get("deterministic_noise"):
+        if _without_eps(list(twin.get("overrides") or [])) != key:
             continue
         if not twin.get("non_private_reference") and not float(twin.get("epsilon_spent", math.inf)) <= eps:
             continue
