@@ -164,17 +164,15 @@ class Method(ABC):
 
     def release_class_proportions(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, epsilon: float,
-        released: np.ndarray | None = None,
     ) -> tuple[np.ndarray, PrivacyBudget]:
         """G-PATE's first step on tables: the class proportions released with the Laplace mechanism at ``epsilon``
         (:func:`dpsyn.privacy.dp_class_proportions`, recorded as ``ApproxDPEvent(epsilon, delta=0)``), and the budget
         left for the generator (basic composition: ``budget.epsilon - epsilon``, same delta).
 
         A non-private run (eps = inf) uses the exact proportions and charges nothing here (its ledger is already
-        non-private). ``released``: proportions this run already released (a resumed run's checkpoint): they are
-        charged again in this (fresh) ledger and returned, and no new noise is drawn (a second draw would be a second
-        release). With a run directory, a fresh draw is written at once to ``checkpoints/class_proportions.json``
-        and a re-run in that directory (after a crash, whenever it came) reuses it: the noise is drawn once per run.
+        non-private). With a run directory, a fresh draw is written at once to ``checkpoints/class_proportions.json``
+        and a re-run in that directory (after a crash, whenever it came) reuses it, charged again in its (fresh)
+        ledger: the noise is drawn once per run (a second draw would be a second release).
 
         Raises:
             ValueError: ``epsilon`` not in (0, budget.epsilon); a saved release made at another epsilon.
@@ -185,15 +183,13 @@ class Method(ABC):
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < budget.epsilon:
             raise ValueError(f"class-ratio epsilon {epsilon!r} must lie in (0, eps={budget.epsilon:g})")
         saved = Path(self.ctx.run_dir) / "checkpoints" / "class_proportions.json" if self.ctx.run_dir else None
-        if released is None and saved is not None and saved.is_file():
+        if saved is not None and saved.is_file():
             state = read_json(saved)
             if state["epsilon"] != float(epsilon):
                 raise ValueError(f"{saved} was released at class-ratio epsilon {state['epsilon']}, this config asks "
                                  f"for {epsilon}: resume with the same config, or use a new run directory")
-            released = np.asarray(state["proportions"], dtype=np.float64)
             log.info("reusing the class proportions this run released before (%s)", saved)
-        if released is not None:
-            props = np.asarray(released, dtype=np.float64)
+            props = np.asarray(state["proportions"], dtype=np.float64)
             if props.shape != (self.ctx.num_classes,):
                 raise ValueError(f"released class proportions of shape {props.shape} for {self.ctx.num_classes} classes")
         else:

@@ -370,13 +370,11 @@ class GPATE(Method):
         start = 0
         ckpt = Path(ctx.run_dir) / "checkpoints" / CHECKPOINT if ctx.run_dir is not None and hp["checkpoint_every"] else None
         state = load_resumable(ckpt, self._fingerprint(budget))
-        # tables: the class proportions, released once (Laplace) before anything else; a resumed run reuses them
+        # tables: the class proportions, released once (Laplace) before anything else; a re-run in this run
+        # directory reuses them (Method.release_class_proportions keeps them there)
         self.proportions: np.ndarray | None = None
         if ctx.kind != "image":
-            self.proportions, rest = self.release_class_proportions(
-                private, budget, ledger, hp["class_ratio_epsilon"],
-                released=None if state is None else state.get("class_proportions"),
-            )
+            self.proportions, rest = self.release_class_proportions(private, budget, ledger, hp["class_ratio_epsilon"])
         else:
             rest = budget
         if state is not None:
@@ -457,7 +455,6 @@ class GPATE(Method):
                     "partitions": parts.state_dict(), "gen": gen.get_state(),
                     "event": event.to_dict() if event is not None else None,
                     "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
-                    "class_proportions": self.proportions,
                 })
         G.eval()
         self.G, self.device = G, device

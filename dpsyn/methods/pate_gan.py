@@ -267,11 +267,8 @@ class PATEGAN(Method):
 
         # labels of the generated samples: uniform on images; on tables the Laplace-released class proportions
         self.proportions: np.ndarray | None = None
-        if ctx.kind == "table":  # released once: a resumed run reuses (and charges once) the release it made
-            self.proportions, _ = self.release_class_proportions(
-                private, budget, ledger, hp["class_ratio_epsilon"],
-                released=None if state is None else state.get("proportions"),
-            )
+        if ctx.kind == "table":  # released once per run directory: a re-run reuses (and charges once) that release
+            self.proportions, _ = self.release_class_proportions(private, budget, ledger, hp["class_ratio_epsilon"])
         event_id = ledger.add(event) if event is not None else None
         if event is None:
             ledger.add(NonPrivateEvent(label="pate_gan trained without noise (eps=inf): plain argmax of the votes"))
@@ -333,7 +330,7 @@ class PATEGAN(Method):
                     "step": step, "fingerprint": self._fingerprint(budget), "G": G.state_dict(),
                     "opt_g": opt_g.state_dict(), "S": S.state_dict(), "opt_s": opt_s.state_dict(),
                     "teachers": ens.state_dict(), "opt_teachers": ens.optimizer.state_dict(),
-                    "partitions": parts.state_dict(), "gen": gen.get_state(), "proportions": self.proportions,
+                    "partitions": parts.state_dict(), "gen": gen.get_state(),
                     "event": event.to_dict() if event is not None else None,
                     "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
                 })
