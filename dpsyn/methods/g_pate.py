@@ -196,6 +196,13 @@ def _positive_int(cfg: Any, key: str, minimum: int = 1) -> int:
     return int(v)
 
 
+def _optional_positive_int(cfg: Any, key: str, null_means: str) -> int | None:
+    v = cfg.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise ValueError(f"method.{key}={v!r}: must be null ({null_means}) or >= 1")
+    return v
+
+
 def _positive_float(cfg: Any, key: str) -> float:
     v = cfg.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < float(v) < math.inf:
@@ -249,10 +256,7 @@ def check_pate_hyperparameters(
     if isinstance(b1, bool) or not isinstance(b1, (int, float)) or not 0 <= float(b1) < 1:
         raise ValueError(f"method.beta1={b1!r}: must lie in [0, 1)")
     hp["beta1"] = float(b1)
-    tb = cfg.get("teacher_batch")
-    if tb is not None and (isinstance(tb, bool) or not isinstance(tb, int) or tb < 1):
-        raise ValueError(f"method.teacher_batch={tb!r}: must be null (min(batch_size, partition)) or >= 1")
-    hp["teacher_batch"] = tb
+    hp["teacher_batch"] = _optional_positive_int(cfg, "teacher_batch", "min(batch_size, partition)")
     if cfg.get("bound") not in PATE_BOUNDS:
         raise ValueError(f"method.bound={cfg.get('bound')!r}; allowed: {', '.join(PATE_BOUNDS)}")
     hp["bound"] = str(cfg.bound)
@@ -265,10 +269,7 @@ def check_pate_hyperparameters(
     if isinstance(cre, bool) or not isinstance(cre, (int, float)) or not 0 < float(cre) < math.inf:
         raise ValueError(f"method.class_ratio_epsilon={cre!r}: must be a number > 0 (tables only)")
     hp["class_ratio_epsilon"] = float(cre)
-    chunk = cfg.get("teacher_chunk")
-    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
-        raise ValueError(f"method.teacher_chunk={chunk!r}: must be null (all teachers at once) or >= 1")
-    hp["teacher_chunk"] = chunk
+    hp["teacher_chunk"] = _optional_positive_int(cfg, "teacher_chunk", "all teachers at once")
     hp["shuffle"] = bool(cfg.get("shuffle_partitions"))
     return hp
 
