@@ -25,6 +25,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
+from dpsyn.lit.ema import update_ema
+
 __all__ = ["DiffusionModule", "drop_labels", "train_diffusion", "warmup_cosine"]
 
 
@@ -108,16 +110,9 @@ class DiffusionModule(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._update_ema()
 
-    @torch.no_grad()
     def _update_ema(self) -> None:
-        # warm-up (1 + t) / (10 + t): short runs would otherwise keep much of the random initial weights
-        t = self.ema_updates
+        update_ema(self.unet_ema, self.unet, step=self.ema_updates, max_decay=self.ema_decay)
         self.ema_updates += 1
-        decay = min(self.ema_decay, (1.0 + t) / (10.0 + t)) if self.ema_decay > 0 else 0.0
-        for p_ema, p in zip(self.unet_ema.parameters(), self.unet.parameters()):
-            p_ema.lerp_(p, 1.0 - decay)
-        for b_ema, b in zip(self.unet_ema.buffers(), self.unet.buffers()):
-            b_ema.copy_(b)
 
 
 def train_diffusion(

@@ -13,6 +13,8 @@ import lightning as L
 import torch
 from torch.nn import functional as F
 
+from dpsyn.lit.ema import update_ema
+
 if TYPE_CHECKING:
     from dpsyn.public.icgan import InstanceConditionedDiscriminator, InstanceConditionedGenerator
 
@@ -83,14 +85,6 @@ class ICGANModule(L.LightningModule):
         self._update_ema()
         self.log_dict({"train/loss_d": loss_d.item(), "train/loss_g": loss_g.item()}, prog_bar=True, on_step=True)
 
-    @torch.no_grad()
     def _update_ema(self) -> None:
-        # warm-up (1 + t) / (10 + t): with a fixed 0.999 the random initial weights would still hold 0.999^2000 =
-        # 13% of the average after a 2000-step run
-        t = self.ema_updates
+        update_ema(self.G_ema, self.G, step=self.ema_updates, max_decay=self.ema_decay)
         self.ema_updates += 1
-        decay = min(self.ema_decay, (1.0 + t) / (10.0 + t)) if self.ema_decay > 0 else 0.0
-        for p_ema, p in zip(self.G_ema.parameters(), self.G.parameters()):
-            p_ema.lerp_(p, 1.0 - decay)
-        for b_ema, b in zip(self.G_ema.buffers(), self.G.buffers()):
-            b_ema.copy_(b)  # BatchNorm running statistics follow the live generator
