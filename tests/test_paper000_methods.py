@@ -3,6 +3,7 @@ the public baselines; each method end to end on fmnist_shoes with tiny public mo
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -120,21 +121,35 @@ def _images(n: int, seed: int = 0, lo: float = 0.0, hi: float = 0.3) -> Split:
     return Split(x, rng.integers(0, 3, size=n))
 
 
-def test_mge_clips_features_outside_the_unit_ball_and_counts_them(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mge_clips_features_outside_the_unit_ball_and_publishes_no_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows outside the unit ball are clipped, but how many were is a private count: reported nowhere."""
     private = _images(200)
     private.x[:7] = 1.0  # 8 pixels of 1.0 times scale 1: norm sqrt(8) > 1
+    import dpsyn.public
+
     m = _mge(monkeypatch, _stub_models())
+    clipped: list[int] = []
+    real_clip = dpsyn.public.clip_to_unit_ball
+
+    def spy(v: Any, *a: Any, **k: Any) -> Any:
+        out, n = real_clip(v, *a, **k)
+        clipped.append(n)
+        assert np.all(np.linalg.norm(out.astype(np.float64), axis=1) <= 1.0)
+        return out, n
+
+    monkeypatch.setattr(dpsyn.public, "clip_to_unit_ball", spy)
     ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-5)
     m.fit(private, PrivacyBudget(1.0, 1e-5), ledger)
-    assert m.n_clipped == 7
+    assert clipped == [7]  # the private features went through the clip ...
+    assert not [k for k in vars(m) if "clip" in k]  # ... and its count was not kept
     values, _ = m.report(None)
-    assert values["mge_clipped_rows"] == 7
+    assert not [k for k in values if "clip" in k]
     assert values["mge_sigma_mean"] == pytest.approx(_paper_sigma(0.5, 0.5e-5), rel=1e-12)
     assert [e.kind for e in ledger.events] == ["approx_dp", "approx_dp"]
     assert "treated as public" in ledger.events[0].label
     assert ledger.check_within_budget() == pytest.approx(1.0)
     s = m.sample(30)
-    assert s.x.shape == (30, 1, 28, 28) and s.provenance["clipped_rows"] == 7
+    assert s.x.shape == (30, 1, 28, 28) and not [k for k in s.provenance if "clip" in k]
 
 
 def test_mge_converges_at_large_eps_and_its_noise_is_not_reproducible(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,7 +275,8 @@ def test_each_method_runs_end_to_end_on_fmnist_shoes(make_cfg, tmp_path: Path, m
         assert [e["kind"] for e in events] == ["approx_dp"] * 2 and "n treated as public" in events[0]["label"]
         assert [(e["epsilon"], e["delta"]) for e in events] == [(0.5, 0.5e-5)] * 2
         assert metrics["mge_sigma_mean"] == pytest.approx(_paper_sigma(0.5, 0.5e-5), rel=1e-12)
-        assert result["sample_provenance"]["clipped_rows"] == 0
+    if method in ("dp_dre", "dp_mge"):  # a private count (no noise): published nowhere
+        assert "clip" not in json.dumps({k: result[k] for k in ("metrics", "metric_info", "sample_provenance")})
 
 
 def test_methods_refuse_bad_choices() -> None:

@@ -22,9 +22,9 @@ terms of the loss are clipped alike, which keeps them balanced. With ``public_ba
 is the gradient of the loss above; another size scales the public term, i.e. ``r`` by a constant, which the
 normalised sampling weights do not see.
 
-Nothing computed on private data leaves the method except through D (no private losses are logged or reported),
-apart from the count of private feature rows clipped to the unit ball: a diagnostic, 0 by construction for encoders
-that normalise their output (see :mod:`dpsyn.methods.dp_mge`).
+Nothing computed on private data leaves the method except through D: no private losses are logged or reported, and
+how many private feature rows needed clipping to the unit ball is not counted (a private count; see
+:mod:`dpsyn.methods.dp_mge` and docs/published-fields.md).
 Labels of samples: see :mod:`dpsyn.methods.public_baselines` (a public row's own class when it is a private class;
 other rows by the nearest public class centroid, or excluded). report() gives the weight mass on public rows of the
 private classes (the paper's Table 3 measure). The paper's appendix (MLP width, epochs, batch size, learning rate,
@@ -255,7 +255,8 @@ class DPDRE(Method):
         # public features: a public function of public data (no privacy cost)
         self.pool = build_public_pool(self.models, public, ctx, max_rows=self.public_pool,
                                       other_classes=self.other_classes)
-        priv, self.n_clipped = clip_to_unit_ball(np.asarray(self.models.encode(private.x), dtype=np.float32))
+        priv, _ = clip_to_unit_ball(  # how many rows needed clipping is a private count: not kept
+            np.asarray(self.models.encode(private.x), dtype=np.float32))
         n, batch = len(priv), int(cfg.batch_size)
         epochs = int(ctx.trainer.get("max_epochs") or cfg.epochs)
         steps = planned_steps(epochs=epochs, batches_per_epoch=math.ceil(n / batch),
@@ -296,7 +297,7 @@ class DPDRE(Method):
         idx, y = self.pool.sample(n, self.weights, rng, labels)
         x = decode_seeded(self.models, self.pool.feats[idx], self.ctx.seed)
         prov = {"method": "dp_dre", "features": "public rows drawn with probability ∝ r^ratio_power",
-                "ratio_power": float(self.cfg.get("ratio_power", 1.0)), "clipped_rows": int(self.n_clipped),
+                "ratio_power": float(self.cfg.get("ratio_power", 1.0)),
                 "distinct_public_rows": int(len(np.unique(idx))), **self.dp_info, **self.pool.info}
         return Samples(x, y, prov)
 
@@ -326,7 +327,6 @@ class DPDRE(Method):
             "dre_private_class_mass": mass,
             "dre_private_class_mass_uniform": uniform,
             "dre_effective_sample_size": effective_sample_size(self.weights),
-            "dre_clipped_rows": int(self.n_clipped),
         }
         if "noise_multiplier" in self.dp_info:
             values["dre_noise_multiplier"] = float(self.dp_info["noise_multiplier"])

@@ -291,12 +291,12 @@ class DPMEPF(Method):
         # --- the one private release
         y = private.y.astype(np.int64) if conditional else np.zeros(len(private), dtype=np.int64)
         batches = zip(self._features(phi, private.x, device), (y[i : i + 256] for i in range(0, len(y), 256)))
-        s1, s2, counts, n_clipped = moment_sums(batches, groups)
+        s1, s2, counts, _ = moment_sums(batches, groups)  # how many rows needed clipping: private, not kept
         counts_how = "DP (Gaussian)" if cfg.class_counts == "dp" else "public (not noised)"
         what = "per-class" if conditional else "whole-set"
         self.release: dict[str, Any] = {
             "feature_dim": int(s1.shape[1]), "layers": layers + ["h"], "groups": groups, "counts": cfg.class_counts,
-            "rows_clipped": n_clipped, "calibration": str(cfg.calibration), "sensitivity": 1.0,
+            "calibration": str(cfg.calibration), "sensitivity": 1.0,
         }
         if budget.private:
             shares = split_budget(epsilon=budget.epsilon, delta=budget.delta, fractions=fractions)

@@ -2,7 +2,7 @@
 
 The private feature distribution is modelled as ``N(mu, diag(s - mu^2))`` in the space of a public encoder h:
 
-1. ``v_i = h(x_i)``, clipped to the unit ball (``||v_i|| <= 1``; the rows that needed it are counted);
+1. ``v_i = h(x_i)``, clipped to the unit ball (``||v_i|| <= 1``);
 2. two Gaussian-mechanism releases, each of a sum with L2 sensitivity 1 (``||v|| <= 1`` implies ``||v^2|| <= 1``)::
 
        mu = (sum_i v_i   + N(0, sigma_1^2 I)) / n
@@ -34,10 +34,10 @@ concatenated per-class sums still have L2 sensitivity 1 (parallel composition): 
 events, one Gaussian per class. Unconditional samples are labelled with the private class whose *public* centroid in
 feature space is nearest (public data only; see :mod:`dpsyn.methods.public_baselines`).
 
-Reported (provenance and report()): the sigmas and budget shares, the clamped variance dimensions (post-processing
-of the DP estimates) and the number of clipped private rows. That count is read off the private data without noise:
-a diagnostic that is 0 by construction for encoders that normalise their output (the embedded one, ResNet-50/SwAV);
-an encoder that leaves rows outside the ball should be fixed, not have its count published.
+Reported (provenance and report()): the sigmas and budget shares and the clamped variance dimensions
+(post-processing of the DP estimates). How many private rows needed clipping is not counted anywhere: it is read off
+the private data without noise (0 for encoders that normalise their output, like the embedded one and ResNet-50/SwAV,
+a private count with any other); see docs/published-fields.md.
 
 DP noise comes from :func:`dpsyn.privacy.dp_numpy_generator` (OS entropy unless ``privacy.deterministic_noise``);
 the sampling of features and of the generator's z follows the run seed. This is a reconstruction from the paper's
@@ -291,10 +291,8 @@ class DPMGE(Method):
 
         ctx = self.ctx
         self.models = self.public_models()
-        feats, self.n_clipped = clip_to_unit_ball(np.asarray(self.models.encode(private.x), dtype=np.float32))
-        if self.n_clipped:
-            log.warning("dp_mge: %d of %d private feature rows had norm > 1 and were clipped",
-                        self.n_clipped, len(feats))
+        # how many rows needed clipping is a private count (no noise): neither kept nor logged
+        feats, _ = clip_to_unit_ball(np.asarray(self.models.encode(private.x), dtype=np.float32))
         num_classes = ctx.num_classes if self.conditional else 1
         labels = np.asarray(private.y, dtype=np.int64) if self.conditional else np.zeros(len(feats), dtype=np.int64)
         what_counts = "per-class counts" if self.conditional else "n"
@@ -361,12 +359,11 @@ class DPMGE(Method):
         return Samples(x, y, {"method": "dp_mge", "labels": self.label_rule, **self._summary()})
 
     def _summary(self) -> dict[str, Any]:
-        """Calibration, sigmas and budget split, clipped rows, clamped dimensions (JSON-serialisable)."""
+        """Calibration, sigmas and budget split, clamped dimensions (JSON-serialisable)."""
         out: dict[str, Any] = {
             "calibration": self.calibration if self.releases else "none (eps=inf)",
             "conditional": self.conditional,
             "counts": ("per-class, " + self.class_counts) if self.conditional else "n, public",
-            "clipped_rows": int(self.n_clipped),
             "clamped_dims": int(self.est.clamped_dims),
             "variance_entries": int(self.est.var.size),
         }
@@ -378,10 +375,9 @@ class DPMGE(Method):
         return out
 
     def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        """sigma of each release, clipped rows, clamped variance dimensions."""
+        """sigma of each release, clamped variance dimensions."""
         summary = self._summary()
-        values: dict[str, Any] = {"mge_clipped_rows": summary["clipped_rows"],
-                                  "mge_clamped_dims": summary["clamped_dims"]}
+        values: dict[str, Any] = {"mge_clamped_dims": summary["clamped_dims"]}
         for name in RELEASES:
             if f"sigma_{name}" in summary:
                 values[f"mge_sigma_{name}"] = summary[f"sigma_{name}"]

@@ -205,9 +205,8 @@ def encode_images(
             net.to("cpu")
     dim = int(getattr(net, "feature_dim", 0))
     feats = np.concatenate(out) if out else np.zeros((0, dim), dtype=np.float32)
-    feats, n_clipped = clip_to_unit_ball(feats)
-    if n_clipped:
-        log.debug("encoder: %d of %d feature rows were shrunk onto the unit sphere", n_clipped, len(feats))
+    # how many rows were shrunk is not logged: on private images it is a private count (docs/published-fields.md)
+    feats, _ = clip_to_unit_ball(feats)
     return feats
 
 
