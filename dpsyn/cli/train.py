@@ -65,6 +65,63 @@ def _family_loader(cfg: DictConfig):
     return load
 
 
+FITTED_STATE = Path("checkpoints") / "fitted.pt"
+FITTED_STATE_VERSION = 1
+
+
+def fit_fingerprint(cfg: DictConfig, delta: float) -> dict[str, Any]:
+    """What a fitted state depends on: the method's, dataset's, privacy and trainer settings, eps, delta, seed and
+    the public models. The sampling and metric settings are not in it (sampling and scoring are post-processing)."""
+
+    def node(key: str) -> Any:
+        value = cfg.get(key)
+        return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+
+    return json.loads(json.dumps({
+        "method": node("method"), "dataset": node("dataset"), "eps": float(cfg.eps), "delta": float(delta),
+        "seed": int(cfg.seed), "privacy": node("privacy"), "trainer": node("trainer"), "public": node("public"),
+    }, sort_keys=True, default=str))
+
+
+def save_fitted_state(path: Path, method: Any, ledger: Any, fingerprint: dict[str, Any], fit_s: float) -> bool:
+    """Write the method's fitted state with the ledger it was fitted under to ``path``, atomically.
+
+    Returns:
+        False (nothing written) when the method keeps no fitted state (:meth:`Method.fitted_state` is None).
+    """
+    from dpsyn.results.io import atomic_torch_save
+
+    state = method.fitted_state()
+    if state is None:
+        return False
+    atomic_torch_save(path, {"version": FITTED_STATE_VERSION, "fingerprint": fingerprint,
+                             "ledger": ledger.to_dict(), "fit_s": float(fit_s), "state": state})
+    log.info("fitted state and ledger saved to %s", path)
+    return True
+
+
+def load_fitted_state(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
+    """The fitted state a run saved at ``path`` (:func:`save_fitted_state`), or None when there is none.
+
+    Raises:
+        ValueError: the state was made under another configuration (or by another version of this file).
+    """
+    import torch
+
+    if not path.is_file():
+        return None
+    blob = torch.load(path, weights_only=False)  # on the device it was saved from (the same machine's run)
+    if blob.get("version") != FITTED_STATE_VERSION:
+        raise ValueError(f"{path} has fitted-state version {blob.get('version')!r}, expected {FITTED_STATE_VERSION}: "
+                         "use a new run directory")
+    if blob.get("fingerprint") != fingerprint:
+        saved = blob.get("fingerprint") or {}
+        differing = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
+        raise ValueError(f"{path} was fitted under another configuration (differing: {', '.join(differing)}): "
+                         "resume with the same config, or use a new run directory")
+    return blob
+
+
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Execute one run and write its outputs into ``run_dir``; return the result record.
 
@@ -109,16 +166,29 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     )
     method = method_cls(cfg.method, ctx)
     budget = PrivacyBudget(epsilon=eps, delta=delta)
-    ledger = PrivacyLedger(target_epsilon=eps, delta=delta)
+    fingerprint = fit_fingerprint(cfg, delta)
+    fitted = load_fitted_state(run_dir / FITTED_STATE, fingerprint)  # a mismatch is refused before any work
     try:
         if logger is not None:
             logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-        t0 = time.perf_counter()
-        try:
-            method.fit(data.private, budget, ledger, public=data.public)
-        finally:
-            ledger.save(run_dir / "privacy.json")  # whatever was spent is on disk, even after a crash
-        fit_s = time.perf_counter() - t0
+        if fitted is not None:
+            # killed after fit (sampling, scoring): the fitted state and its ledger are restored, nothing is released
+            # again (fitting again would draw fresh noise: a second release of the same private data)
+            ledger = PrivacyLedger.from_dict(fitted["ledger"])
+            method.load_fitted_state(fitted["state"])
+            ledger.save(run_dir / "privacy.json")
+            fit_s = float(fitted["fit_s"])
+            log.info("%s: fitted state restored from %s (fit skipped, %d ledger events restored)", cfg.method.name,
+                     run_dir / FITTED_STATE, len(ledger))
+        else:
+            ledger = PrivacyLedger(target_epsilon=eps, delta=delta)
+            t0 = time.perf_counter()
+            try:
+                method.fit(data.private, budget, ledger, public=data.public)
+            finally:
+                ledger.save(run_dir / "privacy.json")  # whatever was spent is on disk, even after a crash
+            fit_s = time.perf_counter() - t0
+            save_fitted_state(run_dir / FITTED_STATE, method, ledger, fingerprint, fit_s)
         spent = ledger.epsilon(delta)
         if not method_cls.reference:
             ledger.check_within_budget()  # no result row for a run over its target
@@ -164,6 +234,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "n_samples": len(samples),
             "sample_provenance": samples.provenance,
             "data": data.info,
+            "fit_restored": fitted is not None,
             "timings": {"fit_s": fit_s, "sample_s": sample_s, **{f"metric_{k}_s": v for k, v in metric_s.items()}},
             "git_sha": _git_sha(),
             "versions": _versions(),

@@ -23,6 +23,7 @@ from dpsyn.results.io import atomic_write_json, read_json
 log = logging.getLogger(__name__)
 
 METHODS: Registry = Registry("method")
+_PUBLIC_MODELS = "<public models: loaded again with Method.public_models()>"
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,10 @@ class Method(ABC):
     kinds: ClassVar[tuple[str, ...]] = ("image", "table")
     reference: ClassVar[bool] = False
     eps_free: ClassVar[bool | None] = None
+    #: the attributes ``fit`` sets that ``sample`` and ``report`` read (:meth:`fitted_state`); None: the method keeps
+    #: no fitted state and a re-run fits again (only for methods that spend no privacy). ``"models"`` (the public
+    #: models) is not stored: it is loaded again with :meth:`public_models`.
+    fitted_attrs: ClassVar[tuple[str, ...] | None] = None
 
     @classmethod
     def output_depends_on_eps(cls) -> bool:
@@ -143,6 +148,29 @@ class Method(ABC):
     @abstractmethod
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
         """Generate ``n`` samples (with the given labels, or labels drawn by the method)."""
+
+    def fitted_state(self) -> dict[str, Any] | None:
+        """What ``sample`` and ``report`` need after ``fit``, for ``checkpoints/fitted.pt`` (:mod:`dpsyn.cli.train`):
+        a run killed after fit (while sampling or scoring) restores it instead of fitting again, which would make a
+        second release of the private data.
+
+        Default: the attributes named by :attr:`fitted_attrs` that are set (``torch.save`` pickles them), the public
+        models as a marker. Returns None when the method keeps no fitted state (``fitted_attrs`` None).
+        """
+        if self.fitted_attrs is None:
+            return None
+        state: dict[str, Any] = {}
+        for name in self.fitted_attrs:
+            if not hasattr(self, name):  # set by some configurations only
+                continue
+            value = getattr(self, name)
+            state[name] = _PUBLIC_MODELS if name == "models" and value is not None else value
+        return state
+
+    def load_fitted_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`fitted_state` returned, so that ``sample`` and ``report`` work without ``fit``."""
+        for name, value in state.items():
+            setattr(self, name, self.public_models() if isinstance(value, str) and value == _PUBLIC_MODELS else value)
 
     def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """Method-specific measurements added to result.json's metrics (e.g. attacks on the method's own

@@ -245,8 +245,10 @@ class PATEEvent(PrivacyEvent):
     """Confident-GNMax queries to one teacher ensemble (Papernot et al. 2018; :mod:`dpsyn.privacy.pate`).
 
     The queries grow in place as training goes (:meth:`add_queries` or :meth:`PrivacyLedger.record_pate_queries`),
-    which also accumulates their data-dependent RDP at ``orders`` (the votes themselves are not kept). ``bound``
-    says which RDP the ledger's epsilon uses:
+    which also accumulates their data-dependent RDP at ``orders`` when ``bound`` is ``"data_dependent"`` (the votes
+    themselves are not kept). Under the data-independent bound it is not accumulated and stays zero: it is a function
+    of the private votes without noise, and the event is published in privacy.json and result.json. ``bound`` says
+    which RDP the ledger's epsilon uses:
 
     * ``"data_independent"``: ``queries * (alpha/(2 sigma_threshold^2) + alpha/sigma^2)``: every query charged
       the threshold check and GNMax (whether it was answered depends on the data); the default, a true DP bound.
@@ -265,7 +267,8 @@ class PATEEvent(PrivacyEvent):
         answered: Of which answered, ``0 <= answered <= queries``.
         orders: The RDP orders of ``rdp_data_dependent`` (dpsyn's :func:`~dpsyn.privacy.dpsgd.rdp_orders` by
             default; the ledger composes at those).
-        rdp_data_dependent: Accumulated data-dependent RDP, one value per order (zeros by default).
+        rdp_data_dependent: Accumulated data-dependent RDP, one value per order (zeros by default, and always zeros
+            under the data-independent bound: not a function of the votes then).
         smooth_release: The smooth-sensitivity release's :meth:`~dpsyn.privacy.pate.PATESmoothRelease.to_dict`,
             or None.
         label: Free text saying what was queried.
@@ -320,7 +323,8 @@ class PATEEvent(PrivacyEvent):
         return self.queries * (orders / (2.0 * self.sigma_threshold**2) + orders / self.sigma**2)
 
     def add_queries(self, votes: Any, answered: Any) -> None:
-        """Record a batch of queries: their number, how many were answered, and their data-dependent RDP.
+        """Record a batch of queries: their number, how many were answered (the noisy threshold check's output), and,
+        under the data-dependent bound only, their data-dependent RDP (a function of the votes without noise).
 
         Args:
             votes: Vote counts, shape (queries, bins) (numpy or torch, any device).
@@ -335,15 +339,16 @@ class PATEEvent(PrivacyEvent):
 
         v = _check_votes(votes)
         mask = _check_answered(answered, v.shape[0])
-        rdp = confident_gnmax_rdp(
-            votes=v,
-            sigma_threshold=self.sigma_threshold,
-            sigma=self.sigma,
-            threshold=self.threshold,
-            orders=self.orders,
-            answered=mask,
-        )
-        self.rdp_data_dependent = [float(a + b) for a, b in zip(self.rdp_data_dependent, rdp)]
+        if self.bound == "data_dependent":
+            rdp = confident_gnmax_rdp(
+                votes=v,
+                sigma_threshold=self.sigma_threshold,
+                sigma=self.sigma,
+                threshold=self.threshold,
+                orders=self.orders,
+                answered=mask,
+            )
+            self.rdp_data_dependent = [float(a + b) for a, b in zip(self.rdp_data_dependent, rdp)]
         self.queries += int(v.shape[0])
         self.answered += int(mask.sum())
 
