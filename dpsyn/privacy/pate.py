@@ -48,11 +48,18 @@ exactly as :class:`dpsyn.privacy.PrivacyLedger` converts every RDP composition. 
 
 Smooth-sensitivity release (Papernot et al. 2018, Sec. 4 and App. B-C): the data-dependent RDP at one order
 ``lambda`` is published as ``RDP(lambda) + SS_beta * N(0, sigma_ss^2)``, where ``SS_beta = max_d e^(-beta d) LS(d)``
-and ``LS(d)`` bounds the local sensitivity of the accumulated RDP at distance ``d`` (teachers changed). This "GNSS"
+and ``LS(d)`` bounds the local sensitivity of the accumulated RDP within distance ``d`` (teachers changed). This "GNSS"
 release is itself ``(lambda, lambda e^(2 beta)/sigma_ss^2 + (beta lambda - log(1 - 2 lambda beta)/2)/(lambda-1))``-RDP
 for ``1 < lambda < 1/(2 beta)`` (their Thm 23); :func:`pate_smooth_release` returns that cost, and the ledger adds it
 (:meth:`dpsyn.privacy.PrivacyLedger.record_pate_smooth_release`). ``lambda``, ``beta`` and ``sigma_ss`` must be fixed
 without looking at the votes (the pate_2018 script optimises them on the votes, which it says cannot be released).
+
+The GNMax local-sensitivity bounds (Alg. 3-5) are valid only where the analysis' conditions C5-C6 (App. B.4) hold
+for ``(sigma, lambda, bins)``; outside them they can fall below the true local sensitivity (e.g. votes (33, 11, 6),
+sigma 0.792, order 10: the exact maximum at distance 1 is 1.268, the unguarded bound 0.569). So
+:func:`gnmax_local_sensitivity`, :func:`pate_local_sensitivity` (when a query was answered) and
+:func:`pate_smooth_release` all run :func:`check_smooth_sensitivity_conditions` first and raise ValueError, naming
+the failing condition, outside them. The threshold step's local sensitivity is exact and needs no condition.
 
 Release options (:data:`PATE_RELEASES`) as a method's config names them: ``"data_independent"`` (what tables call
 eps unless the config says otherwise), ``"raw"`` (the data-dependent epsilon, as G-PATE reports it) and ``"smooth"``
@@ -892,6 +899,10 @@ def gnmax_local_sensitivity(*, votes: Any, sigma: float, order: float, num_teach
     plateau: moving votes from the top bin to the runner-up when ``q < q1`` (Papernot et al., Alg. 4-5), and from the
     largest other bin to the top when ``q > q0``; the plateau once reached (or when votes run out).
 
+    This holds only where conditions C5-C6 hold for ``(sigma, order, bins)``
+    (:func:`check_smooth_sensitivity_conditions`); elsewhere the function refuses rather than return a bound that
+    may be too small.
+
     Args:
         votes: One query's vote counts, shape (bins,).
         sigma: Std of the GNMax noise, > 0.
@@ -902,7 +913,8 @@ def gnmax_local_sensitivity(*, votes: Any, sigma: float, order: float, num_teach
         Array of shape (num_teachers + 1,), each >= 0.
 
     Raises:
-        ValueError: On invalid arguments.
+        ValueError: On invalid arguments, or, naming the condition, when C5 or C6 fails for ``sigma``, ``order``
+            and the number of bins.
     """
     arr = _as_numpy(votes)
     if arr.ndim != 1:
@@ -911,6 +923,7 @@ def gnmax_local_sensitivity(*, votes: Any, sigma: float, order: float, num_teach
     sigma = _check_positive("sigma", sigma)
     order = float(_check_orders([order])[0])
     n_teachers = _check_num_teachers(num_teachers, v)
+    check_smooth_sensitivity_conditions(sigma=sigma, order=order, num_bins=int(v.shape[1]))
     return _ls_gnmax_path(np.sort(v[0])[::-1].copy(), sigma, order, n_teachers)
 
 
@@ -979,7 +992,25 @@ def threshold_local_sensitivity(
     """Local sensitivity of one query's threshold RDP at distance ``d = 0 .. num_teachers`` (shape (num_teachers + 1,)).
 
     The threshold RDP depends on the maximum count ``v`` only, and one teacher moves ``v`` by at most 1, so
-    ``LS(d) = max over v' = v +- d of max(|r(v'+1) - r(v')|, |r(v'-1) - r(v')|)`` (exact).
+    ``LS(d) = max over |v' - v| <= d of max(|r(v'+1) - r(v')|, |r(v'-1) - r(v')|)`` (exact, up to the maximum counts
+    in the window that no histogram has, such as ``v' < num_teachers / bins``, counted conservatively).
+
+    ``LS(d)`` covers every histogram within distance ``d``, not only those at ``v +- d``, like the GNMax bounds: the
+    per-query bounds are summed over queries (:func:`pate_local_sensitivity`), and there one query may sit at a
+    nearer histogram where its own local sensitivity is larger. (Taking only ``v' = v +- d``, as pate_2018 does,
+    gives the same smooth sensitivity for one query alone, but a sum over queries can then fall below the true
+    local sensitivity: e.g. two unanswered queries of 20 teachers, 2 bins, maximum counts 16 and 10, threshold 10,
+    ``sigma_threshold`` 1, order 5, beta 0.02: smooth sensitivity 0.80 against an exact 1.43.)
+
+    Args:
+        max_votes: The query's maximum vote count, in ``[0, num_teachers]``.
+        sigma_threshold: Std of the threshold noise, > 0.
+        threshold: The threshold ``T``.
+        order: The RDP order, > 1.
+        num_teachers: Number of teachers (the largest distance), >= 1.
+
+    Returns:
+        Array of shape (num_teachers + 1,), non-decreasing, each >= 0.
 
     Raises:
         ValueError: On invalid arguments.
@@ -1005,7 +1036,7 @@ def _threshold_ls_rows(
     for v, w in zip(max_votes.tolist(), weights.tolist()):
         up = np.where(v + d <= n_teachers, table[np.minimum(v + d, n_teachers)], 0.0)
         down = np.where(v - d >= 0, table[np.maximum(v - d, 0)], 0.0)
-        total += w * np.maximum(up, down)
+        total += w * np.maximum.accumulate(np.maximum(up, down))  # within distance d, not only at v +- d
     return total
 
 
@@ -1019,14 +1050,30 @@ def pate_local_sensitivity(
     order: float,
     num_teachers: int,
 ) -> np.ndarray:
-    """Local sensitivity at distance ``d`` of the accumulated data-dependent RDP (threshold: every query; GNMax: the
-    answered ones), the sum of the per-query bounds (the max of a sum is at most the sum of the maxima).
+    """Local sensitivity within distance ``d`` of the accumulated data-dependent RDP (threshold: every query; GNMax:
+    the answered ones), the sum of the per-query bounds (the max of a sum is at most the sum of the maxima). Each
+    per-query bound covers every histogram within distance ``d`` (changing ``d`` teachers moves every query's
+    histogram by at most ``d``), so the sum covers every set of histograms within distance ``d``.
+
+    The GNMax part uses :func:`gnmax_local_sensitivity`'s bounds, valid only where conditions C5-C6 hold; they are
+    checked (:func:`check_smooth_sensitivity_conditions`) whenever a query was answered. With no answered query the
+    result is the threshold step's exact local sensitivity alone, and no condition applies.
+
+    Args:
+        votes: Every query's vote counts, shape (queries, bins).
+        answered: Which queries were answered, shape (queries,); only these pay GNMax.
+        sigma_threshold: Std of the threshold noise, > 0.
+        sigma: Std of the GNMax noise, > 0.
+        threshold: The threshold ``T``.
+        order: The RDP order, > 1.
+        num_teachers: Number of teachers (the largest distance), >= the votes of every query.
 
     Returns:
         Array of shape (num_teachers + 1,): distances ``0 .. num_teachers``.
 
     Raises:
-        ValueError: On invalid arguments.
+        ValueError: On invalid arguments, or, naming the condition, when a query was answered and C5 or C6 fails for
+            ``sigma``, ``order`` and the number of bins.
     """
     v = _check_votes(votes)
     mask = _check_answered(answered, v.shape[0])
@@ -1038,6 +1085,7 @@ def pate_local_sensitivity(
     maxes, counts = np.unique(v.max(axis=1, initial=0.0).astype(np.int64), return_counts=True)
     total = _threshold_ls_rows(maxes, counts.astype(np.float64), n_teachers, t, s1, order)
     if mask.any():
+        check_smooth_sensitivity_conditions(sigma=s2, order=order, num_bins=int(v.shape[1]))
         sorted_rows = -np.sort(-v[mask], axis=1)
         rows, counts = np.unique(sorted_rows, axis=0, return_counts=True)  # identical histograms: computed once
         for row, c in zip(rows, counts.tolist()):
