@@ -3,6 +3,11 @@
 A run: check the config, load the data, fit the method under its budget (every release in the ledger), refuse to
 write a result if the ledger exceeds the target, sample, score, write the run directory atomically (result.json
 last), print a summary.
+
+Crash safety: right after fit, the method's fitted state (:meth:`~dpsyn.methods.base.Method.fitted_state`) and the
+ledger are saved to ``checkpoints/fitted.pt`` with a fingerprint of the config; a rerun in the same run directory
+(after a kill while sampling or scoring) restores them and skips fit, so nothing is released or charged twice. A
+state made under another config is refused.
 """
 
 from __future__ import annotations

@@ -230,6 +230,7 @@ class DPDRE(Method):
 
     needs_public = True
     kinds = ("image",)
+    fitted_attrs = ("models", "pool", "estimator", "dp_info", "log_r", "weights")
 
     def __init__(self, cfg: Any, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)

@@ -94,6 +94,7 @@ class DPGAN(Method):
     """DP-GAN on images and tables (see the module docstring)."""
 
     kinds = ("image", "table")
+    fitted_attrs = ("module", "label_probs", "_labels_note")
     label_probs: np.ndarray | None = None
     _labels_note = ""
 

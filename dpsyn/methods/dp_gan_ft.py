@@ -95,6 +95,7 @@ class FeatureGANMethod(Method):
     needs_public = True
     kinds = ("image",)
     pretrain_on_public: ClassVar[bool] = True
+    fitted_attrs = ("module", "models", "pretrain_info")
     method_name: ClassVar[str] = "dp_gan_ft"
 
     def _nets(self, feature_dim: int) -> tuple[FeatureGenerator, FeatureDiscriminator]:

@@ -241,6 +241,7 @@ class DPMEPF(Method):
 
     needs_public = True
     kinds = ("image",)
+    fitted_attrs = ("release", "train_log", "G", "conditional")
 
     def _check(self) -> None:
         cfg = self.cfg

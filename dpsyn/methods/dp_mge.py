@@ -270,6 +270,7 @@ class DPMGE(Method):
 
     needs_public = True
     kinds = ("image",)
+    fitted_attrs = ("models", "releases", "est", "label_rule", "centroids")
 
     def __init__(self, cfg: Any, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)

@@ -279,6 +279,7 @@ class GPATE(Method):
     """G-PATE on images and tables (see the module docstring)."""
 
     kinds = ("image", "table")
+    fitted_attrs = ("G", "device", "proportions", "train_log")
 
     def __init__(self, cfg: Any, ctx: Any) -> None:
         super().__init__(cfg, ctx)

@@ -331,6 +331,7 @@ class GSWGAN(Method):
     """GS-WGAN on images (see the module docstring)."""
 
     kinds = ("image",)
+    fitted_attrs = ("G", "device", "train_log")
 
     def __init__(self, cfg: Any, ctx: Any) -> None:
         super().__init__(cfg, ctx)

@@ -159,6 +159,7 @@ class PATEGAN(Method):
     """PATE-GAN on images and tables (see the module docstring)."""
 
     kinds = ("image", "table")
+    fitted_attrs = ("G", "device", "proportions", "train_log")
 
     def __init__(self, cfg: Any, ctx: Any) -> None:
         super().__init__(cfg, ctx)

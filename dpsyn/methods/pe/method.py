@@ -139,6 +139,7 @@ class PE(Method):
 
     needs_public = True
     kinds = ("image",)
+    fitted_attrs = ("models", "pool", "final", "sigma", "T", "history", "per_class", "fit_seconds", "fingerprint")
 
     def __init__(self, cfg: Any, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
@@ -236,6 +237,27 @@ class PE(Method):
         log.info("pe: resuming from %s at iteration %d (%s); ledger restored with %d events", path,
                  state["iteration"], state["stage"], len(ledger))
         return state
+
+    def fitted_state(self) -> dict[str, Any] | None:
+        """The final population and its history; the API is named, not stored (it holds the public models)."""
+        state = super().fitted_state() or {}
+        state["api"] = ({"public_of_private": self.api.public_of_private} if isinstance(self.api, DiffusionAPI)
+                        else {})
+        return state
+
+    def load_fitted_state(self, state: dict[str, Any]) -> None:
+        """Restore the population and rebuild the API over the public models (loaded again)."""
+        state = dict(state)
+        api = state.pop("api")
+        super().load_fitted_state(state)
+        if self.backend == "icgan":
+            self.api = ICGANAPI(self.models, self.pool, feature_noise=float(self.cfg.feature_noise))
+        else:
+            from dpsyn.public.diffusion import load_diffusion_model
+
+            model = load_diffusion_model(self.ctx.public, cache_dir=self.ctx.cache_dir or ".",
+                                         data_dir=self.ctx.data_dir or ".")
+            self.api = DiffusionAPI(model, api["public_of_private"], condition=self.condition)
 
     # ---------------------------------------------------------------- fit
 
