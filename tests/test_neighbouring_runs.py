@@ -1,0 +1,352 @@
+"""Nothing published is computed from private rows without noise (issue 15, part 4; docs/published-fields.md).
+
+Each method runs twice in this process on neighbouring private sets (the second without the private set's last row),
+with ``privacy.deterministic_noise=true`` and the same seeds. Everything the run publishes is then compared leaf by
+leaf: result.json and privacy.json (walked recursively), config.yaml, the files of the run directory, the CSV
+logger's columns and values, and the checkpoints' keys and non-tensor values (tensors and arrays by dtype and shape:
+their values are the DP-trained models, or state derived from them). Apart from a short, named whitelist — the DP
+outputs and what derives from them (metrics of the samples, losses of the DP-trained models, their checkpoints), and
+fields derived from the declared-public private row count n — no published field may differ. A new field computed
+from private rows without noise differs between the two runs, and fails the test.
+
+The count of private feature rows clipped to the unit ball (once published by dp_mge and dp_dre) is 0 with the
+shipped encoders, so neighbouring runs could not tell it apart: the dp_mge and dp_dre cases run with an encoder that
+puts every feature outside the unit ball, so that such a count (n) would differ.
+
+The every-method test is slow (``make test-full``); ``make test`` keeps the dp_mge case.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import fnmatch
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from tests.conftest import compose_cfg
+
+BASE = ("trainer=debug", "eps=1", "privacy.deterministic_noise=true", "trainer.enable_progress_bar=false")
+IMAGE_METRICS = ("metrics.names.image=[]", "metrics.n_samples=60")
+TINY_PUBLIC = ("public.n_public=600", "public.encoder.epochs=1", "public.generator.steps=20", "public.quality.n=0")
+SHOES = ("dataset=fmnist_shoes", "dataset.n_private=600", *TINY_PUBLIC, *IMAGE_METRICS)
+PATE_GAN = ("method=pate_gan", "method.teachers=10", "method.batch_size=4", "method.teacher_batch=2",
+            "method.sigma_threshold=100", "method.sigma=50", "method.threshold=5", "method.ndf=2", "method.student_ndf=4",
+            "method.z_dim=8", "method.ngf=4", "method.teacher_chunk=null", "method.checkpoint_every=1", *IMAGE_METRICS)
+
+# method -> tiny overrides (those of the methods' own tests)
+CASES: dict[str, tuple[str, ...]] = {
+    "dp_gan": ("method=dp_gan", "method.checkpoint_every=2", *IMAGE_METRICS),
+    "dp_gan_ft": ("method=dp_gan_ft", *SHOES, "method.pretrain_steps=10", "method.max_public=400",
+                  "method.checkpoint_every=2"),
+    "dp_gan_mi": ("method=dp_gan_mi", *SHOES, "method.checkpoint_every=2"),
+    "dp_dre": ("method=dp_dre", *SHOES, "method.public_pool=600"),
+    "dp_mge": ("method=dp_mge", *SHOES),
+    "dp_mepf": ("method=dp_mepf", *SHOES, "method.steps=3", "method.batch_size=12"),
+    "pe": ("method=pe", "dataset=fmnist_shoes", *TINY_PUBLIC, "method.population=60", "method.degrees=[0.6,0.4,0.3]",
+           "method.lookahead=1", "method.threshold=1.0", "dataset.n_private=300", "metrics.n_real=300",
+           *IMAGE_METRICS),
+    "g_pate": ("method=g_pate", "dataset=fmnist", "method.teachers=20", "method.batch_size=4",
+               "method.projection_dim=2", "method.sigma_threshold=100", "method.sigma=50", "method.threshold=10",
+               "method.teacher_arch=conv", "method.ndf=2", "method.z_dim=8", "method.ngf=4",
+               "method.checkpoint_every=1", *IMAGE_METRICS),
+    "pate_gan": PATE_GAN,
+    "gs_wgan": ("method=gs_wgan", "method.critics=20", "method.batch_size=4", "method.critic_steps=1", "method.ndf=2",
+                "method.ngf=4", "method.z_dim=8", "method.iterations=6", "method.checkpoint_every=1", *IMAGE_METRICS),
+    # reads no private data: nothing but n may differ
+    "public_uniform": ("method=public_uniform", *SHOES, "method.public_pool=600"),
+}
+FAST_CASE = "dp_mge"
+# non-private by declaration (a NonPrivateEvent in the ledger, non_private_reference in result.json): not compared
+REFERENCES: dict[str, tuple[str, ...]] = {
+    "real": ("method=real", *IMAGE_METRICS),
+    "gan": ("method=gan", *IMAGE_METRICS),
+    "privgan": ("method=privgan", *IMAGE_METRICS),
+    "icgan_nonprivate": ("method=icgan_nonprivate", *SHOES),
+}
+# methods whose private features go through clip_to_unit_ball: run with an encoder whose features all need clipping
+CLIPPING_ENCODER = {"dp_mge", "dp_dre", "dp_mepf"}
+
+# ---- the whitelist: published fields that may differ between neighbouring runs (fnmatch patterns on dotted paths)
+ALWAYS = {
+    # not data: wall-clock times, where the run was written
+    "result.json:timings.*": "wall-clock times",
+    "result.json:run_dir": "the run directory",
+    "*fit_s": "wall-clock time of fit",
+    # DP outputs and their post-processing
+    # metrics.<k>, metric_info.<k> and the logged final/<k> of evaluate() (the samples against the public eval
+    # split) may differ; those of Method.report() only where REPORT_VARYING names them
+    # the declared-public n
+    "result.json:n_private": "n, declared public (ledger labels)",
+}
+# per method: which provenance / ledger / log fields may differ, and why (docs/published-fields.md)
+VARYING: dict[str, dict[str, str]] = {
+    "dp_gan": {"csv:train/loss_g": "loss of fakes through the DP-trained D (post-processing)"},
+    "dp_gan_ft": {"csv:train/loss_g": "loss of fakes through the DP-trained D (post-processing)"},
+    "dp_gan_mi": {"csv:train/loss_g": "loss of fakes through the DP-trained D (post-processing)"},
+    "dp_dre": {},
+    "dp_mge": {},
+    "dp_mepf": {"csv:train/private_loss": "generator loss against the DP-released embeddings (post-processing)"},
+    "pe": {"csv:pe/*": "the DP population's metrics against the public eval split (post-processing)"},
+    "g_pate": {
+        "*privacy_events.*.answered": "answered queries: the noisy threshold check's output (DP)",
+        "checkpoint:g_pate.pt:event.answered": "answered queries: the noisy threshold check's output (DP)",
+    },
+    "pate_gan": {
+        "*privacy_events.*.answered": "answered queries: the noisy threshold check's output (DP)",
+        "checkpoint:pate_gan.pt:event.answered": "answered queries: the noisy threshold check's output (DP)",
+    },
+    "gs_wgan": {},
+    "public_uniform": {},
+}
+# Method.report() values that may differ, per method
+REPORT_VARYING: dict[str, dict[str, str]] = {
+    "dp_dre": {"dre_private_class_mass": "sum of the DP-trained ratio's weights (post-processing)",
+               "dre_effective_sample_size": "of the DP-trained ratio's weights (post-processing)"},
+    "dp_mge": {"mge_clamped_dims": "variances of the DP estimates clamped at 0 (post-processing)"},
+    "pe": {"pe_*": "the DP populations' metrics against the public eval split (post-processing)"},
+}
+# sample_provenance keys that may differ, per method (the rest of the provenance must not)
+PROVENANCE_VARYING: dict[str, set[str]] = {
+    "dp_dre": {"distinct_public_rows"},  # how many public rows the DP-weighted draw hit (post-processing)
+    "dp_mge": {"clamped_dims"},  # variances of the DP estimates clamped at 0 (post-processing)
+    "dp_mepf": {"generator_loss"},  # the generator's losses against the DP release (post-processing)
+    "g_pate": {"answered"},  # the noisy threshold check's output (DP)
+    "pate_gan": {"answered", "voted_real"},  # DP outputs of Confident-GNMax
+}
+
+
+class ClippingModels:
+    """The run's public models, but every feature is doubled (outside the unit ball): the methods must clip every
+    private row, and a count of the clipped rows would be n, which differs between neighbouring runs."""
+
+    def __init__(self, models: Any) -> None:
+        self._models = models
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._models, name)
+
+    def encode(self, images: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+        return 2.0 * np.asarray(self._models.encode(images, *args, **kwargs), dtype=np.float32)
+
+
+def _cfg(tmp_path: Path, cache_dir: Path, run_dir: Path, overrides: tuple[str, ...]) -> DictConfig:
+    cfg = compose_cfg([*BASE, "logger=csv", *overrides])
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path / "outputs")
+        cfg.paths.cache_dir = str(cache_dir)
+        cfg.paths.data_dir = str(tmp_path / "data")
+        cfg.logger.save_dir = str(run_dir)
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def _run(cfg: DictConfig, run_dir: Path, monkeypatch: pytest.MonkeyPatch, *, drop_last: bool,
+         clipping: bool) -> dict[str, Any]:
+    """``dpsyn.cli.train.run`` with the loaded private split short of its last row when ``drop_last``."""
+    import dpsyn.data
+    from dpsyn.cli.train import run
+    from dpsyn.methods import METHODS
+    from dpsyn.methods.base import Method
+
+    real_load = dpsyn.data.load_dataset
+    calls = {"n": 0}
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        data = real_load(*args, **kwargs)
+        calls["n"] += 1
+        if drop_last and calls["n"] == 1:  # the run's own dataset (a monitor's family loader comes later)
+            p = data.private
+            data = dataclasses.replace(data, private=type(p)(p.x[:-1], p.y[:-1],
+                                                             None if p.index is None else p.index[:-1]))
+        return data
+
+    method_cls = METHODS.get(cfg.method.name)
+    real_report = method_cls.report
+    report_keys: list[str] = []
+
+    def report(self: Method, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        values, info = real_report(self, data)
+        report_keys.extend(values)
+        return values, info
+
+    with monkeypatch.context() as m:
+        m.setattr(dpsyn.data, "load_dataset", load)
+        m.setattr(method_cls, "report", report)
+        if clipping:
+            real_models = Method.public_models
+            m.setattr(Method, "public_models", lambda self: ClippingModels(real_models(self)))
+        result = run(cfg, run_dir)
+    (run_dir / "report_keys.json").write_text(json.dumps(report_keys))  # read back by published()
+    return result
+
+
+def _leaves(obj: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    """(dotted path, value) of every leaf; tensors and arrays as (kind, dtype, shape): their values are models."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, f"{prefix}.{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, f"{prefix}.{i}")
+    elif isinstance(obj, torch.Tensor):
+        yield prefix, ("tensor", str(obj.dtype), tuple(obj.shape))
+    elif isinstance(obj, np.ndarray):
+        yield prefix, ("array", str(obj.dtype), obj.shape)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        yield from _leaves({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, prefix)
+    elif isinstance(obj, (str, int, float, bool, type(None))):
+        yield prefix, obj
+    elif hasattr(obj, "state_dict"):
+        yield from _leaves(obj.state_dict(), prefix)
+    elif hasattr(obj, "__dict__"):
+        yield from _leaves({k: v for k, v in vars(obj).items() if not k.startswith("_")}, prefix)
+    else:
+        yield prefix, type(obj).__name__
+
+
+def published(run_dir: Path) -> dict[str, Any]:
+    """Every published value of a run, flattened: ``{"<source>:<dotted path>": value}``."""
+    out: dict[str, Any] = {}
+    files = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
+    out["files"] = [f for f in files if f != "report_keys.json"]
+    out["report_keys"] = json.loads((run_dir / "report_keys.json").read_text())
+    for name in ("result.json", "privacy.json"):
+        out.update(_leaves(json.loads((run_dir / name).read_text()), name + ":"))
+    out["config.yaml"] = (run_dir / "config.yaml").read_text()
+    for path in sorted(run_dir.rglob("metrics.csv")):
+        with path.open() as f:
+            rows = list(csv.DictReader(f))
+        out["csv:columns"] = sorted(rows[0]) if rows else []
+        for col in out["csv:columns"]:
+            out[f"csv:{col}"] = [r[col] for r in rows]
+    for path in sorted(run_dir.rglob("hparams.yaml")):
+        out["csv:hparams.yaml"] = path.read_text()
+    for path in sorted((run_dir / "checkpoints").glob("*")) if (run_dir / "checkpoints").is_dir() else []:
+        if path.suffix in (".pt", ".ckpt"):
+            state = torch.load(path, map_location="cpu", weights_only=False)
+            out.update(_leaves(state, f"checkpoint:{path.name}:"))
+        elif path.suffix == ".json":
+            out.update(_leaves(json.loads(path.read_text()), f"checkpoint:{path.name}:"))
+    here = str(run_dir)  # the run directory's path (in config.yaml: the CSV logger's save_dir) is not data
+    return {k.replace(":.", ":"): v.replace(here, "<run_dir>") if isinstance(v, str) else v for k, v in out.items()}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and a == b
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Paths whose values differ, or that only one run published."""
+    return sorted(k for k in set(a) | set(b) if k not in a or k not in b or not _same(a[k], b[k]))
+
+
+def allowed(path: str, method: str, report_keys: set[str]) -> bool:
+    """Whether ``path`` is on the whitelist for ``method`` (module docstring); ``report_keys``: the metrics that
+    Method.report() gave (the others come from evaluate(), the samples against the public eval split)."""
+    if path.startswith("result.json:sample_provenance."):
+        key = path.split(".", 2)[1]
+        return key in PROVENANCE_VARYING.get(method, set()) or key in N_DERIVED_PROVENANCE
+    for prefix in ("result.json:metrics.", "result.json:metric_info.", "csv:final/"):
+        if path.startswith(prefix):
+            key = path[len(prefix):].split(".", 1)[0]
+            return key not in report_keys or any(fnmatch.fnmatchcase(key, p) for p in REPORT_VARYING.get(method, {}))
+    if any(fnmatch.fnmatchcase(path, p) for p in N_DERIVED):
+        return True
+    return any(fnmatch.fnmatchcase(path, p) for p in {**ALWAYS, **VARYING.get(method, {})})
+
+
+# derived from the declared-public n (q = batch/n, planned steps, calibrated noise, epsilon, partition sizes)
+N_DERIVED = (
+    "*privacy_events.*.sample_rate", "*privacy_events.*.noise_multiplier", "*privacy_events.*.steps",
+    "*privacy_events.*.label", "*events.*.sample_rate", "*events.*.noise_multiplier", "*events.*.steps",
+    "*events.*.label", "result.json:epsilon_spent", "privacy.json:epsilon_spent",
+    "result.json:metrics.*_noise_multiplier", "result.json:metrics.*_steps",
+)
+N_DERIVED_PROVENANCE = {"sample_rate", "noise_multiplier", "steps", "steps_planned", "partition_size", "n_private"}
+
+
+def check_neighbouring(method: str, overrides: tuple[str, ...], tmp_path: Path, cache_dir: Path,
+                       monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Run ``method`` on D and on D minus its last row; fail on a published difference off the whitelist.
+
+    Returns:
+        the paths that differed (all whitelisted).
+    """
+    clipping = method in CLIPPING_ENCODER
+    runs = []
+    for name, drop in (("full", False), ("neighbour", True)):
+        run_dir = tmp_path / name
+        cfg = _cfg(tmp_path, cache_dir, run_dir, overrides)
+        result = _run(cfg, run_dir, monkeypatch, drop_last=drop, clipping=clipping)
+        runs.append((result, published(run_dir), run_dir))
+    (full, a, dir_a), (neighbour, b, dir_b) = runs
+    report_keys = set(a.pop("report_keys")) | set(b.pop("report_keys"))
+    assert neighbour["n_private"] == full["n_private"] - 1  # the row was removed
+    if method != "public_uniform":  # the DP outputs did see the change
+        assert not np.array_equal(np.load(dir_a / "samples.npz")["x"], np.load(dir_b / "samples.npz")["x"])
+    diff = differing(a, b)
+    leaks = [p for p in diff if not allowed(p, method, report_keys)]
+    assert not leaks, "published fields that differ between neighbouring runs without being DP outputs:\n" + "\n".join(
+        f"  {p}: {_short(a.get(p, '<absent>'))} vs {_short(b.get(p, '<absent>'))}" for p in leaks)
+    # the run's own words must not name a clipped-row count either (it is 0 with the shipped encoders)
+    assert not [p for p in a if "clipped" in p.rsplit(":", 1)[-1].rsplit(".", 1)[-1]]
+    return diff
+
+
+@pytest.mark.parametrize(
+    "method", [pytest.param(m, marks=() if m == FAST_CASE else pytest.mark.slow) for m in CASES]
+)
+def test_neighbouring_runs_publish_nothing_private_without_noise(method: str, tmp_path: Path, cache_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    check_neighbouring(method, CASES[method], tmp_path, cache_dir, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", list(REFERENCES))
+def test_references_declare_themselves_non_private(method: str, tmp_path: Path, cache_dir: Path) -> None:
+    from dpsyn.cli.train import run
+
+    run_dir = tmp_path / "run"
+    result = run(_cfg(tmp_path, cache_dir, run_dir, REFERENCES[method]), run_dir)
+    assert result["non_private_reference"] is True and result["epsilon_spent"] == math.inf
+    assert "non_private" in {e["kind"] for e in result["privacy_events"]}
+
+
+def test_the_check_catches_a_clipped_row_count(tmp_path: Path, cache_dir: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Power: a dp_mge that publishes its clipped-row count again (as it once did) fails the neighbouring check."""
+    from dpsyn.methods.dp_mge import DPMGE
+
+    real_report = DPMGE.report
+
+    def leaky_report(self: DPMGE, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        values, info = real_report(self, data)
+        values["mge_rows_outside_ball"] = int(self._private_rows)
+        return values, info
+
+    real_fit = DPMGE.fit
+
+    def fit(self: DPMGE, private: Any, *args: Any, **kwargs: Any) -> None:
+        self._private_rows = len(private)  # every row needs clipping with ClippingModels: the count is n
+        real_fit(self, private, *args, **kwargs)
+
+    monkeypatch.setattr(DPMGE, "report", leaky_report)
+    monkeypatch.setattr(DPMGE, "fit", fit)
+    with pytest.raises(AssertionError, match=r"result.json:metrics.mge_rows_outside_ball"):
+        check_neighbouring("dp_mge", CASES["dp_mge"], tmp_path, cache_dir, monkeypatch)
