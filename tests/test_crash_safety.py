@@ -15,7 +15,8 @@ import pytest
 
 from tests.crash_harness import FITTED, KillPoint, check_crash_safe, kill_and_rerun
 
-BASE = ("trainer=debug", "logger=none", "eps=1", "privacy.deterministic_noise=true", "trainer.enable_progress_bar=false")
+BASE = ("trainer=debug", "logger=none", "eps=1", "privacy.deterministic_noise=true",
+        "trainer.enable_progress_bar=false")
 IMAGE_METRICS = ("metrics.names.image=[]", "metrics.n_samples=60")
 TABLE_METRICS = ("metrics.tabular.classifiers=[logreg]", "metrics.n_samples=60")
 TINY_PUBLIC = ("public.n_public=600", "public.encoder.epochs=1", "public.generator.steps=20", "public.quality.n=0")

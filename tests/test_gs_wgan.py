@@ -244,6 +244,7 @@ def test_gs_wgan_runs_end_to_end_and_resumes_without_charging_twice(make_cfg, tm
         dpsgd_epsilon(noise_multiplier=sigma / 2, sample_rate=1 / 20, steps=20, delta=result["delta"]))
     assert result["sample_provenance"]["iterations"] == 5 and result["n_samples"] == 50
     assert PrivacyLedger.load(tmp_path / "run" / "privacy.json").epsilon() == pytest.approx(result["epsilon_spent"])
+    (tmp_path / "run" / "checkpoints" / "fitted.pt").unlink()  # the method's own check (checkpoints/fitted.pt would refuse first)
     with pytest.raises(ValueError, match="resume with the same config"):
         run(make_cfg(*over, "method.clip=0.5"), tmp_path / "run")
 
