@@ -194,6 +194,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 ledger.save(run_dir / "privacy.json")  # whatever was spent is on disk, even after a crash
             fit_s = time.perf_counter() - t0
             save_fitted_state(run_dir / FITTED_STATE, method, ledger, fingerprint, fit_s)
+        if (run_dir / FITTED_STATE).is_file():  # teachers, critics: not DP outputs, not left in the run directory
+            method.drop_unreleased_checkpoint_state()
         spent = ledger.epsilon(delta)
         if not method_cls.reference:
             ledger.check_within_budget()  # no result row for a run over its target

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from abc import ABC, abstractmethod
@@ -24,6 +25,20 @@ log = logging.getLogger(__name__)
 
 METHODS: Registry = Registry("method")
 _PUBLIC_MODELS = "<public models: loaded again with Method.public_models()>"
+
+
+def _without_noise_streams(value: Any) -> Any:
+    """``value``, or a shallow copy of it whose DP settings (a ``dp`` dict attribute, as the DP-SGD Lightning modules
+    hold) keep no ``torch.Generator``: the DP noise and Poisson-sampling streams are secret (their state would let
+    anyone replay the noise), and the fitted state is saved in the run directory (docs/published-fields.md)."""
+    import torch
+
+    dp = getattr(value, "dp", None)
+    if not isinstance(dp, dict) or not any(isinstance(v, torch.Generator) for v in dp.values()):
+        return value
+    out = copy.copy(value)
+    object.__setattr__(out, "dp", {k: None if isinstance(v, torch.Generator) else v for k, v in dp.items()})
+    return out
 
 
 @dataclass(frozen=True)
@@ -129,6 +144,10 @@ class Method(ABC):
     #: no fitted state and a re-run fits again (only for methods that spend no privacy). ``"models"`` (the public
     #: models) is not stored: it is loaded again with :meth:`public_models`.
     fitted_attrs: ClassVar[tuple[str, ...] | None] = None
+    #: what the method's training checkpoints (under ``run_dir/checkpoints``) hold that is not a DP output, e.g.
+    #: teachers or critics trained on private partitions without noise: ``{file name: keys}``. Needed to resume
+    #: training after a crash; dropped by :meth:`drop_unreleased_checkpoint_state` once the fitted state is saved.
+    unreleased_checkpoint_keys: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @classmethod
     def output_depends_on_eps(cls) -> bool:
@@ -164,13 +183,42 @@ class Method(ABC):
             if not hasattr(self, name):  # set by some configurations only
                 continue
             value = getattr(self, name)
-            state[name] = _PUBLIC_MODELS if name == "models" and value is not None else value
+            state[name] = _PUBLIC_MODELS if name == "models" and value is not None else _without_noise_streams(value)
         return state
 
     def load_fitted_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`fitted_state` returned, so that ``sample`` and ``report`` work without ``fit``."""
         for name, value in state.items():
             setattr(self, name, self.public_models() if isinstance(value, str) and value == _PUBLIC_MODELS else value)
+
+    def drop_unreleased_checkpoint_state(self) -> list[str]:
+        """Remove :attr:`unreleased_checkpoint_keys` from the run's training checkpoints (rewritten atomically).
+
+        Called by the run once ``checkpoints/fitted.pt`` holds the fitted state: the run directory is published, and
+        what is left in it must be a DP output or post-processing of one (docs/published-fields.md). A rerun after
+        that restores the fitted state and does not train again, so it needs none of what is dropped.
+
+        Returns:
+            the checkpoint files rewritten.
+        """
+        if not self.unreleased_checkpoint_keys or self.ctx.run_dir is None:
+            return []
+        import torch
+
+        from dpsyn.results.io import atomic_torch_save
+
+        done = []
+        for name, keys in self.unreleased_checkpoint_keys.items():
+            path = Path(self.ctx.run_dir) / "checkpoints" / name
+            if not path.is_file():
+                continue
+            state = torch.load(path, map_location="cpu", weights_only=False)
+            if not any(k in state for k in keys):
+                continue
+            atomic_torch_save(path, {k: v for k, v in state.items() if k not in keys})
+            done.append(str(path))
+            log.info("dropped %s (not DP outputs) from %s: training is over", ", ".join(keys), path)
+        return done
 
     def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """Method-specific measurements added to result.json's metrics (e.g. attacks on the method's own

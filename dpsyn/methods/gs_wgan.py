@@ -332,6 +332,7 @@ class GSWGAN(Method):
 
     kinds = ("image",)
     fitted_attrs = ("G", "device", "train_log")
+    unreleased_checkpoint_keys = {CHECKPOINT: ("critics",)}  # trained on private partitions without noise
 
     def __init__(self, cfg: Any, ctx: Any) -> None:
         super().__init__(cfg, ctx)

@@ -160,6 +160,7 @@ class PATEGAN(Method):
 
     kinds = ("image", "table")
     fitted_attrs = ("G", "device", "proportions", "train_log")
+    unreleased_checkpoint_keys = {CHECKPOINT: ("teachers", "opt_teachers")}  # trained without noise
 
     def __init__(self, cfg: Any, ctx: Any) -> None:
         super().__init__(cfg, ctx)
