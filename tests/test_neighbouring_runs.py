@@ -81,6 +81,7 @@ ALWAYS = {
     "result.json:timings.*": "wall-clock times",
     "result.json:run_dir": "the run directory",
     "*fit_s": "wall-clock time of fit",
+    "*fit_seconds": "wall-clock time of fit",
     # DP outputs and their post-processing
     # metrics.<k>, metric_info.<k> and the logged final/<k> of evaluate() (the samples against the public eval
     # split) may differ; those of Method.report() only where REPORT_VARYING names them
@@ -95,13 +96,15 @@ VARYING: dict[str, dict[str, str]] = {
     "dp_dre": {},
     "dp_mge": {},
     "dp_mepf": {"csv:train/private_loss": "generator loss against the DP-released embeddings (post-processing)"},
-    "pe": {"csv:pe/*": "the DP population's metrics against the public eval split (post-processing)"},
+    "pe": {"csv:pe/*": "the DP population's metrics against the public eval split (post-processing)",
+           "checkpoint:pe.pt:history.*": "the DP populations' metrics against the public eval split (post-processing)",
+           "checkpoint:pe.pt:fingerprint": "a hash of the configuration and n (refuses resuming under another)"},
     "g_pate": {
-        "*privacy_events.*.answered": "answered queries: the noisy threshold check's output (DP)",
+        "*events.*.answered": "answered queries: the noisy threshold check's output (DP)",
         "checkpoint:g_pate.pt:event.answered": "answered queries: the noisy threshold check's output (DP)",
     },
     "pate_gan": {
-        "*privacy_events.*.answered": "answered queries: the noisy threshold check's output (DP)",
+        "*events.*.answered": "answered queries: the noisy threshold check's output (DP)",
         "checkpoint:pate_gan.pt:event.answered": "answered queries: the noisy threshold check's output (DP)",
     },
     "gs_wgan": {},
@@ -118,7 +121,8 @@ REPORT_VARYING: dict[str, dict[str, str]] = {
 PROVENANCE_VARYING: dict[str, set[str]] = {
     "dp_dre": {"distinct_public_rows"},  # how many public rows the DP-weighted draw hit (post-processing)
     "dp_mge": {"clamped_dims"},  # variances of the DP estimates clamped at 0 (post-processing)
-    "dp_mepf": {"generator_loss"},  # the generator's losses against the DP release (post-processing)
+    "dp_mepf": {"generator_loss", "loss"},  # the generator's losses against the DP release (post-processing)
+    "pe": {"history"},  # the DP populations' metrics against the public eval split, their distinct parents (post)
     "g_pate": {"answered"},  # the noisy threshold check's output (DP)
     "pate_gan": {"answered", "voted_real"},  # DP outputs of Confident-GNMax
 }
@@ -197,6 +201,8 @@ def _leaves(obj: Any, prefix: str) -> Iterator[tuple[str, Any]]:
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             yield from _leaves(v, f"{prefix}.{i}")
+    elif isinstance(obj, torch.Generator):
+        yield prefix, ("torch.Generator",)  # a random stream: never in a published file (see check_neighbouring)
     elif isinstance(obj, torch.Tensor):
         yield prefix, ("tensor", str(obj.dtype), tuple(obj.shape))
     elif isinstance(obj, np.ndarray):
@@ -258,27 +264,38 @@ def differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 def allowed(path: str, method: str, report_keys: set[str]) -> bool:
     """Whether ``path`` is on the whitelist for ``method`` (module docstring); ``report_keys``: the metrics that
-    Method.report() gave (the others come from evaluate(), the samples against the public eval split)."""
-    if path.startswith("result.json:sample_provenance."):
-        key = path.split(".", 2)[1]
-        return key in PROVENANCE_VARYING.get(method, set()) or key in N_DERIVED_PROVENANCE
+    Method.report() gave (the others come from evaluate(), the samples against the public eval split).
+
+    ``checkpoints/fitted.pt`` (the fitted state a rerun restores) holds the ledger (as privacy.json) and the method's
+    fitted attributes: its ``train_log`` is what the sample provenance shows, its other attributes are judged by
+    the provenance's rules too (e.g. PE's ``history``)."""
+    path = path.replace("checkpoint:fitted.pt:ledger.", "privacy.json:")
+    if any(fnmatch.fnmatchcase(path, p) for p in N_DERIVED):
+        return True
+    for prefix in ("checkpoint:fitted.pt:state.train_log.", "checkpoint:fitted.pt:state.dp_info.",
+                   "checkpoint:fitted.pt:state.",
+                   "result.json:sample_provenance."):
+        if path.startswith(prefix):
+            key = path[len(prefix):].split(".", 1)[0]
+            return (key in PROVENANCE_VARYING.get(method, set()) or key in N_DERIVED_PROVENANCE
+                    or any(fnmatch.fnmatchcase(path, p) for p in ALWAYS))
     for prefix in ("result.json:metrics.", "result.json:metric_info.", "csv:final/"):
         if path.startswith(prefix):
             key = path[len(prefix):].split(".", 1)[0]
             return key not in report_keys or any(fnmatch.fnmatchcase(key, p) for p in REPORT_VARYING.get(method, {}))
-    if any(fnmatch.fnmatchcase(path, p) for p in N_DERIVED):
-        return True
     return any(fnmatch.fnmatchcase(path, p) for p in {**ALWAYS, **VARYING.get(method, {})})
 
 
 # derived from the declared-public n (q = batch/n, planned steps, calibrated noise, epsilon, partition sizes)
 N_DERIVED = (
-    "*privacy_events.*.sample_rate", "*privacy_events.*.noise_multiplier", "*privacy_events.*.steps",
-    "*privacy_events.*.label", "*events.*.sample_rate", "*events.*.noise_multiplier", "*events.*.steps",
-    "*events.*.label", "result.json:epsilon_spent", "privacy.json:epsilon_spent",
-    "result.json:metrics.*_noise_multiplier", "result.json:metrics.*_steps",
+    "*events.*.sample_rate", "*events.*.noise_multiplier", "*events.*.steps", "*epsilon_spent",
+    "result.json:metrics.*_noise_multiplier", "result.json:metrics.*_steps", "csv:final/*_noise_multiplier",
+    "csv:final/*_steps",
+    "checkpoint:*:partitions.*",  # the teachers' or critics' partitions: n // N rows each
 )
-N_DERIVED_PROVENANCE = {"sample_rate", "noise_multiplier", "steps", "steps_planned", "partition_size", "n_private"}
+# "fingerprint" (PE): a hash of the configuration and n, to refuse resuming under another one
+N_DERIVED_PROVENANCE = {"sample_rate", "noise_multiplier", "steps", "steps_planned", "partition_size", "n_private",
+                        "fingerprint"}
 
 
 def check_neighbouring(method: str, overrides: tuple[str, ...], tmp_path: Path, cache_dir: Path,
@@ -298,14 +315,23 @@ def check_neighbouring(method: str, overrides: tuple[str, ...], tmp_path: Path, 
     (full, a, dir_a), (neighbour, b, dir_b) = runs
     report_keys = set(a.pop("report_keys")) | set(b.pop("report_keys"))
     assert neighbour["n_private"] == full["n_private"] - 1  # the row was removed
-    if method != "public_uniform":  # the DP outputs did see the change
-        assert not np.array_equal(np.load(dir_a / "samples.npz")["x"], np.load(dir_b / "samples.npz")["x"])
     diff = differing(a, b)
+    if method != "public_uniform":  # the DP outputs did see the change (dp_dre's draw from the pool may not)
+        assert (not np.array_equal(np.load(dir_a / "samples.npz")["x"], np.load(dir_b / "samples.npz")["x"])
+                or any(p.startswith("result.json:metrics.") for p in diff))
     leaks = [p for p in diff if not allowed(p, method, report_keys)]
     assert not leaks, "published fields that differ between neighbouring runs without being DP outputs:\n" + "\n".join(
         f"  {p}: {_short(a.get(p, '<absent>'))} vs {_short(b.get(p, '<absent>'))}" for p in leaks)
     # the run's own words must not name a clipped-row count either (it is 0 with the shipped encoders)
     assert not [p for p in a if "clipped" in p.rsplit(":", 1)[-1].rsplit(".", 1)[-1]]
+    # no random stream is saved: the DP noise and Poisson-sampling streams are secret (their state replays the noise)
+    assert not [p for p, v in a.items() if v == ("torch.Generator",)]
+    # teachers and critics (trained without noise) are not left in the run directory's checkpoints
+    from dpsyn.methods import METHODS
+
+    for name, keys in METHODS.get(method).unreleased_checkpoint_keys.items():
+        left = [p for p in a if any(p.startswith(f"checkpoint:{name}:{k}") for k in keys)]
+        assert not left, f"{name} still holds {sorted({p.split(':')[2].split('.')[0] for p in left})}"
     return diff
 
 
@@ -350,3 +376,50 @@ def test_the_check_catches_a_clipped_row_count(tmp_path: Path, cache_dir: Path,
     monkeypatch.setattr(DPMGE, "fit", fit)
     with pytest.raises(AssertionError, match=r"result.json:metrics.mge_rows_outside_ball"):
         check_neighbouring("dp_mge", CASES["dp_mge"], tmp_path, cache_dir, monkeypatch)
+
+
+class _NoisyModule(torch.nn.Module):
+    """A DP-SGD module in miniature: a model and its DP settings with the noise stream (as GANModule.dp)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.dp = {"noise_multiplier": 1.5, "generator": torch.Generator().manual_seed(3)}
+
+
+def test_fitted_state_keeps_no_noise_stream_and_training_checkpoints_drop_unreleased_state(tmp_path: Path) -> None:
+    """The fitted state (checkpoints/fitted.pt) holds no DP noise generator, the method's own object keeps it; the
+    teachers/critics named by ``unreleased_checkpoint_keys`` leave the training checkpoint, the rest stays."""
+    from dpsyn.methods.base import Method, RunContext, Samples
+    from dpsyn.results.io import atomic_torch_save
+
+    class Toy(Method):
+        fitted_attrs = ("module",)
+        unreleased_checkpoint_keys = {"toy.pt": ("teachers", "opt_teachers")}
+
+        def fit(self, private: Any, budget: Any, ledger: Any, public: Any = None) -> None:
+            self.module = _NoisyModule()
+
+        def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
+            return Samples(np.zeros((n, 2)), None)
+
+    ctx = RunContext(seed=0, deterministic_noise=False, accountant="rdp", kind="table", shape=(2,), num_classes=2,
+                     classes=["a", "b"], run_dir=tmp_path)
+    toy = Toy(None, ctx)
+    toy.fit(None, None, None)
+    state = toy.fitted_state()
+    assert state["module"].dp == {"noise_multiplier": 1.5, "generator": None}
+    assert state["module"].lin is toy.module.lin  # a shallow copy: the model itself is saved
+    assert isinstance(toy.module.dp["generator"], torch.Generator)  # the run's own module keeps its stream
+    atomic_torch_save(tmp_path / "fitted.pt", state)
+    assert not [p for p, v in _leaves(torch.load(tmp_path / "fitted.pt", weights_only=False), "")
+                if v == ("torch.Generator",)]
+
+    assert toy.drop_unreleased_checkpoint_state() == []  # no checkpoint yet
+    ckpt = tmp_path / "checkpoints" / "toy.pt"
+    atomic_torch_save(ckpt, {"step": 4, "G": {"w": torch.ones(2)}, "teachers": {"w": torch.ones(3)},
+                             "opt_teachers": {}})
+    assert toy.drop_unreleased_checkpoint_state() == [str(ckpt)]
+    kept = torch.load(ckpt, weights_only=False)
+    assert set(kept) == {"step", "G"} and kept["step"] == 4
+    assert toy.drop_unreleased_checkpoint_state() == []  # nothing left to drop
