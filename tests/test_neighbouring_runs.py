@@ -13,6 +13,10 @@ The count of private feature rows clipped to the unit ball (once published by dp
 shipped encoders, so neighbouring runs could not tell it apart: the dp_mge and dp_dre cases run with an encoder that
 puts every feature outside the unit ball, so that such a count (n) would differ.
 
+Two checks need no comparison: no checkpoint holds a ``torch.Generator`` (the DP noise and Poisson-sampling
+streams are secret), and the teachers and critics (``Method.unreleased_checkpoint_keys``) are gone from the training
+checkpoints once the run is over.
+
 The every-method test is slow (``make test-full``); ``make test`` keeps the dp_mge case.
 """
 
