@@ -10,6 +10,11 @@ privacy-critical steps are the same in each and written once here:
   from the run seed), the discriminator wrapped in a ``GradSampleModule`` and the ``dp`` settings
   :class:`~dpsyn.lit.gan.GANModule` and :class:`~dpsyn.lit.feature_gan.FeatureGANModule` read; without a budget
   (eps=inf) a seeded shuffled loader and no wrapping;
+* :func:`dp_optimizer`: Opacus's ``DPOptimizer`` around a plain optimizer, with dpsyn's conventions (the noisy
+  clipped sum divided by the *expected* batch size, the noise from the DP generator); the optimizer every DP-SGD loop
+  of dpsyn steps with, and the one :mod:`dpsyn.cli.audit` audits;
+* :func:`poisson_mask`: the Poisson sample of a hand-written DP-SGD loop (dp_dre), each row kept with probability
+  ``sample_rate``, independently;
 * :func:`charge_dpsgd`: the ledger entry for the steps actually made (called in a ``finally``: a crash or an early
   stop is charged for what it released; a resumed run counts the interrupted run's steps once).
 """
@@ -96,6 +101,33 @@ def private_discriminator_loader(
         "max_steps": steps,
     }
     return D, loader, dp
+
+
+def dp_optimizer(optimizer: torch.optim.Optimizer, *, noise_multiplier: float, max_grad_norm: float,
+                 expected_batch_size: int, generator: torch.Generator) -> Any:
+    """``optimizer`` wrapped in Opacus's ``DPOptimizer``: per-sample gradients (from a ``GradSampleModule`` built with
+    ``loss_reduction="sum"``) clipped to ``max_grad_norm``, summed, N(0, (noise_multiplier * max_grad_norm)^2) added
+    once per step from ``generator``, divided by ``expected_batch_size`` (Poisson DP-SGD must not divide by the
+    realised batch size).
+
+    Raises:
+        ValueError: a noise multiplier <= 0, a clip norm <= 0 or an expected batch size < 1.
+    """
+    from opacus.optimizers import DPOptimizer
+
+    if not noise_multiplier > 0 or not max_grad_norm > 0 or not expected_batch_size >= 1:
+        raise ValueError(f"DP-SGD needs noise_multiplier > 0, max_grad_norm > 0, expected_batch_size >= 1; got "
+                         f"{noise_multiplier!r}, {max_grad_norm!r}, {expected_batch_size!r}")
+    return DPOptimizer(optimizer, noise_multiplier=float(noise_multiplier), max_grad_norm=float(max_grad_norm),
+                       expected_batch_size=int(expected_batch_size), loss_reduction="mean", generator=generator)
+
+
+def poisson_mask(n: int, *, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
+    """(n,) bool: row i is in the batch with probability ``sample_rate``, independently of the others (Poisson
+    sampling, the scheme the DP-SGD accountants assume). ``generator`` is a DP generator (OS entropy)."""
+    if not 0.0 < sample_rate <= 1.0:
+        raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
+    return torch.rand(n, generator=generator) < sample_rate
 
 
 def charge_dpsgd(ledger: PrivacyLedger, *, noise_multiplier: float | None, sample_rate: float, steps_done: int,

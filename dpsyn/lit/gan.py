@@ -70,16 +70,12 @@ class GANModule(L.LightningModule):
         opt_g = torch.optim.Adam(self.G.parameters(), lr=self.lr_g, betas=(self.beta1, 0.999))
         opt_d: torch.optim.Optimizer = torch.optim.Adam(self.D.parameters(), lr=self.lr_d, betas=(self.beta1, 0.999))
         if self.dp is not None:
-            from opacus.optimizers import DPOptimizer
+            from dpsyn.lit.dpsgd import dp_optimizer
 
-            opt_d = DPOptimizer(
-                opt_d,
-                noise_multiplier=self.dp["noise_multiplier"],
-                max_grad_norm=self.dp["max_grad_norm"],
-                expected_batch_size=self.batch,
-                loss_reduction="mean",  # divide the noisy clipped sum by the expected batch size
-                generator=self.dp["generator"],
-            )
+            # the noisy clipped sum divided by the expected batch size
+            opt_d = dp_optimizer(opt_d, noise_multiplier=self.dp["noise_multiplier"],
+                                 max_grad_norm=self.dp["max_grad_norm"], expected_batch_size=self.batch,
+                                 generator=self.dp["generator"])
         return [opt_g, opt_d]
 
     def _latent(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,7 +46,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpsyn.data.base import Split
-from dpsyn.lit.dpsgd import calibrate_dpsgd, charge_dpsgd
+from dpsyn.lit.dpsgd import calibrate_dpsgd, charge_dpsgd, dp_optimizer, poisson_mask
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, RunContext, Samples
 from dpsyn.methods.public_baselines import (
     OTHER_CLASSES,
@@ -163,17 +163,12 @@ class DensityRatioEstimator:
             return
 
         from opacus import GradSampleModule
-        from opacus.optimizers import DPOptimizer
 
         gsm = GradSampleModule(model, loss_reduction="sum")
-        opt_dp = DPOptimizer(
-            torch.optim.Adam(gsm.parameters(), lr=self.lr),
-            noise_multiplier=dp.noise_multiplier,
-            max_grad_norm=dp.max_grad_norm,
-            expected_batch_size=batch_size,
-            loss_reduction="mean",  # the noisy clipped sum is divided by the expected private batch size
-            generator=dp.noise_generator,
-        )
+        # the noisy clipped sum is divided by the expected private batch size
+        opt_dp = dp_optimizer(torch.optim.Adam(gsm.parameters(), lr=self.lr), noise_multiplier=dp.noise_multiplier,
+                              max_grad_norm=dp.max_grad_norm, expected_batch_size=batch_size,
+                              generator=dp.noise_generator)
         q = batch_size / n
         try:
             with warnings.catch_warnings():
@@ -182,7 +177,7 @@ class DensityRatioEstimator:
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
                 for _ in range(steps):
                     # Poisson sampling of the private rows only (the accountant's assumption)
-                    mask = torch.rand(n, generator=dp.sampling_generator) < q
+                    mask = poisson_mask(n, sample_rate=q, generator=dp.sampling_generator)
                     xb = priv[mask]
                     pb = pub[torch.randint(m, (public_batch_size,), generator=public_gen)]
                     batch = torch.cat([xb, pb])
