@@ -1,0 +1,528 @@
+"""``python -m dpsyn.cli.audit [mechanisms=all] [eps=1] [delta=1e-5] [trials=1000000]``: an empirical privacy audit.
+
+Every DP mechanism dpsyn uses is run, as the methods call it (the same functions, not a re-implementation), many
+times on a worst-case neighbouring pair; a distinguishing test on its outputs gives a lower bound on its epsilon
+(:func:`dpsyn.privacy.audit.audit_scores`: threshold chosen on one half of the trials, Clopper-Pearson bounds on the
+other). ``eps_claimed`` is what the ledger charges for that single release at the audited parameters (the same
+event type the method adds, composed by :class:`~dpsyn.privacy.PrivacyLedger`). A lower bound above the claim is
+evidence that the code adding the noise is wrong (a std off by a factor, a clip after the sum, noise shared between
+coordinates...): the command then exits 1 and names the mechanism.
+
+Confidence is family-wise: ``confidence`` (95% by default) over all audited mechanisms together (Bonferroni), so a
+correct implementation fails by chance with probability at most 1 - confidence, although some mechanisms (the
+Laplace release) are exactly tight.
+
+**Many trials per call.** The Gaussian and Laplace mechanisms add independent noise to each coordinate of a sum. A
+call on a set of canary rows, each with its whole contribution (norm = the sensitivity) on its own coordinate, with
+half of the coordinates left without a canary, gives one draw of the pair's D1 side per canary coordinate and one
+of its D0 side per empty coordinate: coordinate j depends only on canary j and on its own noise. Which coordinates
+carry canaries is redrawn at every call. Correlated noise between coordinates would break the trials' independence,
+and the audit would catch it (the two halves would separate within a call). Mechanisms that answer queries (PATE)
+are run on a batch of independent queries.
+
+The sampling (Poisson inclusion) is not part of the audited releases, which are audited at sampling rate 1 (no
+amplification claimed); its distribution is tested separately (tests/test_audit.py).
+
+Output: a table on the console and ``audit.json`` in the run directory (``outputs/audit/<time>``), one row per
+mechanism: ``mechanism``, ``eps_claimed``, ``delta``, ``eps_lower``, ``trials`` and how the bound was obtained.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from dpsyn.paths import CONF_DIR
+
+log = logging.getLogger("dpsyn.audit")
+
+
+@dataclass
+class Scores:
+    """What a mechanism's runs gave: the test scores on each side (larger = more like D1), and the claim."""
+
+    scores0: np.ndarray
+    scores1: np.ndarray
+    eps_claimed: float
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One audited mechanism: ``run(eps, delta, trials, noise)`` returns its :class:`Scores`; ``noise(offset)`` makes
+    a DP generator (torch with ``kind="torch"``, numpy otherwise)."""
+
+    name: str
+    what: str
+    run: Callable[..., Scores]
+
+
+class NoiseSource:
+    """DP generators for the audited mechanisms: OS entropy, or seeded from ``seed`` when ``deterministic`` (tests:
+    a reproducible audit)."""
+
+    def __init__(self, *, deterministic: bool, seed: int, shared: dict[Any, Any] | None = None) -> None:
+        self.deterministic, self.seed, self.calls = bool(deterministic), int(seed), 0
+        self.shared = {} if shared is None else shared  # outputs two rows share (the DP-SGD steps)
+
+    def torch(self) -> Any:
+        from dpsyn.privacy import dp_generator
+
+        self.calls += 1
+        return dp_generator(deterministic=self.deterministic, seed=self.seed * 1009 + self.calls)
+
+    def numpy(self) -> np.random.Generator:
+        from dpsyn.privacy import dp_numpy_generator
+
+        self.calls += 1
+        return dp_numpy_generator(deterministic=self.deterministic, seed=self.seed * 1009 + self.calls)
+
+
+def _claimed(event: Any, delta: float) -> float:
+    """The epsilon the ledger charges for ``event`` alone."""
+    from dpsyn.privacy import PrivacyLedger
+
+    ledger = PrivacyLedger(target_epsilon=math.inf, delta=delta)
+    ledger.add(event)
+    return float(ledger.epsilon(delta))
+
+
+def _calibrate(claim: Callable[[float], float], eps: float, lo: float = 1e-3, hi: float = 1e4) -> float:
+    """The smallest noise scale s in [lo, hi] whose ``claim(s)`` is <= ``eps`` (bisection; claim decreasing in s)."""
+    for _ in range(80):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if claim(mid) <= eps else (mid, hi)
+    return hi
+
+
+ARMS = 8  # neighbouring pairs (vote distances) tried for a mechanism with a discrete output
+
+
+def _split_coordinates(d: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    perm = rng.permutation(d)
+    return np.sort(perm[: d // 2]), np.sort(perm[d // 2 :])
+
+
+def _progress(total: int, desc: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="trial", unit_scale=True, leave=False, file=sys.stderr,
+                disable=None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the mechanisms, as the methods call them
+
+
+def _dpsgd_outputs(eps: float, delta: float, trials: int, noise: NoiseSource, *, accountant: str = "rdp",
+                   dim: int = 1024, clip: float = 1.0) -> dict[str, Any]:
+    """DP-SGD at sampling rate 1 with Opacus's DPOptimizer as :func:`dpsyn.lit.dpsgd.dp_optimizer` builds it for
+    dp_gan (GANModule) and dp_dre: a linear layer whose per-sample gradient of row j is ``clip * e_j`` (a canary of
+    norm C), on half of the coordinates. The released quantity is the privatised gradient (what the inner optimizer
+    receives: SGD with lr 1 here, so it is the parameter change; Adam in the methods is post-processing), scaled
+    back by ``batch / C``.
+
+    Returns the canary coordinates (D1), the empty coordinates of the same steps (D0 of ``dpsgd_step``) and the
+    outputs of GANModule's step for an empty Poisson batch (:func:`dpsyn.lit.gan.noise_only_step`, D0 of
+    ``dpsgd_empty_batch``), computed once per audit and shared by the two rows."""
+    key = ("dpsgd", eps, delta, trials, accountant)
+    if key in noise.shared:
+        return noise.shared[key]
+    import torch
+    from opacus import GradSampleModule
+
+    from dpsyn.lit import dpsgd, gan
+    from dpsyn.privacy import SampledGaussianEvent, dpsgd_noise_multiplier
+
+    nm = dpsgd_noise_multiplier(epsilon=eps, delta=delta, sample_rate=1.0, steps=1, accountant=accountant)
+    claimed = _claimed(SampledGaussianEvent(noise_multiplier=nm, sample_rate=1.0, steps=1, accountant=accountant,
+                                            label="one DP-SGD step at sampling rate 1"), delta)
+    half = dim // 2
+    layer = torch.nn.Linear(dim, 1, bias=False)
+    torch.nn.init.zeros_(layer.weight)
+    gsm = GradSampleModule(layer, loss_reduction="sum")
+    opt = dpsgd.dp_optimizer(torch.optim.SGD(gsm.parameters(), lr=1.0), noise_multiplier=nm, max_grad_norm=clip,
+                             expected_batch_size=half, generator=noise.torch())
+    layout = np.random.default_rng(noise.seed)
+    out: dict[str, list[np.ndarray]] = {"canary": [], "empty": [], "empty_batch": []}
+    n = 0
+    eye = torch.eye(dim) * clip
+
+    def released(step: Callable[[], None]) -> np.ndarray:
+        before = layer.weight.detach().clone()
+        step()
+        return ((before - layer.weight.detach()) * half / clip).flatten().double().numpy()
+
+    def canary_step(rows: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        gsm(rows).sum().backward()
+        opt.step()
+
+    with _progress(trials, "dpsgd") as bar, warnings.catch_warnings():
+        # the canary rows need no gradient, so torch notes that Opacus's full backward hooks fire on module outputs
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        while n < trials:
+            canary, empty = _split_coordinates(dim, layout)
+            rows = eye[torch.from_numpy(canary)]
+            g = released(lambda: canary_step(rows))
+            out["canary"].append(g[canary])
+            out["empty"].append(g[empty])
+            if sum(len(a) for a in out["empty_batch"]) < trials:
+                out["empty_batch"].append(released(lambda: gan.noise_only_step(opt)))
+            n += len(canary)
+            bar.update(min(n, trials) - bar.n)
+    gsm.remove_hooks()
+    res = {k: np.concatenate(v)[:trials] for k, v in out.items()}
+    res.update(claimed=claimed, params={"noise_multiplier": nm, "max_grad_norm": clip, "sample_rate": 1.0,
+                                        "accountant": accountant, "dim": dim})
+    noise.shared[key] = res
+    return res
+
+
+def _dpsgd(eps: float, delta: float, trials: int, noise: NoiseSource, *, empty_batch: bool) -> Scores:
+    """One DP-SGD row: D1 = canary coordinates, D0 = empty coordinates of the same steps, or the noise-only step
+    for an empty Poisson batch (``empty_batch``). See :func:`_dpsgd_outputs`."""
+    o = _dpsgd_outputs(eps, delta, trials, noise)
+    return Scores(o["empty_batch"] if empty_batch else o["empty"], o["canary"], o["claimed"], o["params"])
+
+
+def _dp_mge(eps: float, delta: float, trials: int, noise: NoiseSource, *, calibration: str = "classic",
+            dim: int = 128) -> Scores:
+    """dp_mge's release (:func:`dpsyn.methods.dp_mge.dp_moments`, sigmas from its ``plan_releases``, the default
+    unconditional estimator): canary features ``e_j`` (norm 1, as the unit-ball clip guarantees). The test is the
+    likelihood ratio of coordinate j's two released sums, ``s1_j / sigma_mean^2 + s2_j / sigma_second^2``."""
+    from dpsyn.methods import dp_mge
+
+    rel = dp_mge.plan_releases(epsilon=eps, delta=delta, calibration=calibration, mean_share=0.5, count_share=0.0)
+    sm, ss = rel["mean"].sigma, rel["second_moment"].sigma
+    from dpsyn.privacy import PrivacyLedger
+
+    ledger = PrivacyLedger(target_epsilon=math.inf, delta=delta)
+    ledger.add(rel["mean"].event("audit: sum of features"))
+    ledger.add(rel["second_moment"].event("audit: sum of squared features"))
+    claimed = float(ledger.epsilon(delta))
+    layout, rng = np.random.default_rng(noise.seed), noise.numpy()
+    s0, s1, n = [], [], 0
+    eye = np.eye(dim)
+    with _progress(trials, f"dp_mge_{calibration}") as bar:
+        while n < trials:
+            canary, empty = _split_coordinates(dim, layout)
+            est = dp_mge.dp_moments(eye[canary], np.zeros(len(canary), dtype=np.int64), 1, sigma_mean=sm,
+                                    sigma_second=ss, sigma_counts=None, rng=rng)
+            count = float(est.counts[0])  # the declared-public n
+            score = est.mean[0] * count / sm**2 + est.second[0] * count / ss**2
+            s0.append(score[empty])
+            s1.append(score[canary])
+            n += len(canary)
+            bar.update(min(n, trials) - bar.n)
+    return Scores(np.concatenate(s0)[:trials], np.concatenate(s1)[:trials], claimed,
+                  {"sigma_mean": sm, "sigma_second": ss, "calibration": calibration})
+
+
+def _dp_mepf(eps: float, delta: float, trials: int, noise: NoiseSource, *, calibration: str = "classic") -> Scores:
+    """dp_mepf's release of one embedding (:func:`dpsyn.methods.dp_mepf.release_means`, sigma from
+    :func:`dpsyn.privacy.gaussian_sigma` as dp_mepf calibrates each share, sensitivity 1, charged as an
+    ``ApproxDPEvent`` of that share): sums with a canary of norm 1 on half of the coordinates."""
+    from dpsyn.methods import dp_mepf
+    from dpsyn.privacy import ApproxDPEvent, gaussian_sigma
+
+    sigma = gaussian_sigma(epsilon=eps, delta=delta, sensitivity=1.0, calibration=calibration)
+    claimed = _claimed(ApproxDPEvent(epsilon=eps, delta=delta, label="audit: one dp_mepf embedding"), delta)
+    layout, rng = np.random.default_rng(noise.seed), noise.numpy()
+    dim, n_rows = 2 * trials, 1000.0
+    canary, empty = _split_coordinates(dim, layout)
+    sums = np.zeros((1, dim))
+    sums[0, canary] = 1.0
+    released = dp_mepf.release_means(sums, np.array([n_rows]), sigma, rng)[0].astype(np.float64) * n_rows
+    return Scores(released[empty], released[canary], claimed, {"sigma": sigma, "calibration": calibration})
+
+
+def _pe_histogram(eps: float, delta: float, trials: int, noise: NoiseSource, *, dim: int = 16384) -> Scores:
+    """PE's DP nearest-neighbour histogram (:func:`dpsyn.methods.pe.histogram.dp_nn_histogram`, faiss search, sigma
+    for one histogram by :func:`dpsyn.privacy.gdp_noise_multiplier`, charged as PE's ``GaussianEvent``): synthetic
+    points far apart, private canaries on half of them (each votes for its own point)."""
+    from dpsyn.methods.pe import histogram
+    from dpsyn.privacy import GaussianEvent, gdp_noise_multiplier
+
+    sigma = gdp_noise_multiplier(epsilon=eps, steps=1, delta=delta)
+    claimed = _claimed(GaussianEvent(noise_multiplier=sigma, count=1, label="audit: one PE histogram"), delta)
+    layout, rng = np.random.default_rng(noise.seed), noise.numpy()
+    synthetic = (np.random.default_rng(noise.seed + 1).standard_normal((dim, 16)) * 100.0).astype(np.float32)
+    s0, s1, n = [], [], 0
+    with _progress(trials, "pe_histogram") as bar:
+        while n < trials:
+            canary, empty = _split_coordinates(dim, layout)
+            h = histogram.dp_nn_histogram(synthetic[canary], synthetic, noise_multiplier=sigma, threshold=0.0,
+                                          rng=rng)
+            s0.append(h.noisy[empty])
+            s1.append(h.noisy[canary])
+            n += len(canary)
+            bar.update(min(n, trials) - bar.n)
+    return Scores(np.concatenate(s0)[:trials], np.concatenate(s1)[:trials], claimed, {"noise_multiplier": sigma})
+
+
+def _pate_claim(sigma_threshold: float, sigma: float, threshold: float, delta: float) -> float:
+    from dpsyn.privacy import PATEEvent
+
+    return _claimed(PATEEvent(sigma_threshold=sigma_threshold, sigma=sigma, threshold=threshold, queries=1,
+                              answered=1, bound="data_independent", label="audit: one Confident-GNMax query"), delta)
+
+
+def _gnmax(eps: float, delta: float, trials: int, noise: NoiseSource, *, part: str, arms: int = ARMS,
+           chunk: int = 250_000) -> Scores:
+    """Confident-GNMax (:func:`dpsyn.privacy.confident_gnmax`) on one query, charged as a data-independent
+    ``PATEEvent`` of one query. Neighbours: one teacher moves its vote. ``part="threshold"``: the released bit is
+    "answered", the max count one vote apart (GNMax noise 10x the threshold noise, so the claim is the threshold's);
+    ``part="argmax"``: always answered, the released bit is "label = bin 1", the gap between the bins one vote apart
+    each way (threshold noise 10x). Arms: several distances from the decision (the output is a bit, so the test's
+    threshold is the vote distance), chosen on the first half of the trials; ``trials // arms`` trials per arm."""
+    import torch
+
+    from dpsyn.privacy import confident_gnmax
+
+    ratio, trials = 10.0, max(trials // arms, 100)
+    if part == "threshold":
+        s1 = _calibrate(lambda s: _pate_claim(s, ratio * s, 0.0, delta), eps)
+        s2 = ratio * s1
+        threshold = 200.0
+        top = threshold - np.round(np.linspace(-1.0, 4.0, arms) * s1)  # the max count on D1: every teacher
+        teachers = int(top.max())  # (the largest ensemble; each arm has its own)
+        v1 = np.stack([top, np.zeros(arms)], 1)
+        v0 = np.stack([top - 1, np.ones(arms)], 1)  # one teacher moves to the other bin
+    elif part == "argmax":
+        s2 = _calibrate(lambda s: _pate_claim(ratio * s, s, -1e9, delta), eps)
+        s1, threshold, teachers = ratio * s2, -1e9, 400
+        gap = np.round(np.linspace(-1.0, 4.0, arms) * math.sqrt(2.0) * s2)  # votes(bin 0) - votes(bin 1) on D1
+        b1 = (teachers - gap) / 2
+        v1 = np.stack([teachers - b1, b1], 1)
+        v0 = np.stack([teachers - b1 + 1, b1 - 1], 1)  # one teacher moves from bin 1 to bin 0
+    else:
+        raise ValueError(f"part={part!r}")
+    claimed = _pate_claim(s1, s2, threshold, delta)
+    gen = noise.torch()
+    out0, out1 = np.zeros((arms, 0)), np.zeros((arms, 0))
+    with _progress(trials, f"confident_gnmax_{part}") as bar:
+        while out0.shape[1] < trials:
+            m = min(chunk, trials - out0.shape[1])
+            for v, side in ((v0, 0), (v1, 1)):
+                votes = torch.from_numpy(np.repeat(v, m, axis=0))
+                answered, label = confident_gnmax(votes, sigma_threshold=s1, sigma=s2, threshold=threshold,
+                                                  generator=gen)
+                bit = (answered if part == "threshold" else label == 1).double().numpy().reshape(arms, m)
+                if side == 0:
+                    out0 = np.concatenate([out0, bit], 1)
+                else:
+                    out1 = np.concatenate([out1, bit], 1)
+            bar.update(out0.shape[1] - bar.n)
+    return Scores(out0, out1, claimed, {"sigma_threshold": s1, "sigma": s2, "threshold": threshold,
+                                        "teachers": teachers, "bound": "data_independent"})
+
+
+def _g_pate(eps: float, delta: float, trials: int, noise: NoiseSource, *, arms: int = ARMS,
+            chunk: int = 20_000) -> Scores:
+    """G-PATE's DPGradAgg (:func:`dpsyn.methods.g_pate.dp_grad_agg`: project, clip, discretise, Confident-GNMax,
+    back-project) on one projected coordinate per sample, 2 bins, the paper's threshold-to-GNMax noise ratio of 3,
+    charged as a data-independent ``PATEEvent`` per query. Neighbours: teacher 0's gradient moves from bin 1 to
+    bin 0 on every sample; each sample is one query (independent noise). Arms: vote gaps, as for GNMax, with
+    ``trials // arms`` trials each."""
+    import torch
+
+    from dpsyn.methods import g_pate
+
+    teachers, threshold, trials = 100, 0.0, max(trials // arms, 100)
+    s2 = _calibrate(lambda s: _pate_claim(3.0 * s, s, threshold, delta), eps)
+    s1 = 3.0 * s2
+    claimed = _pate_claim(s1, s2, threshold, delta)
+    gap = np.round(np.linspace(-1.0, 4.0, arms) * math.sqrt(2.0) * s2).astype(int)
+    ones_d1 = np.clip((teachers - gap) // 2, 1, teachers)  # teachers voting bin 1 on D1 (teacher 0 among them)
+    gen = noise.torch()
+    out = {0: np.zeros((arms, 0)), 1: np.zeros((arms, 0))}
+    with _progress(trials, "g_pate_dpgradagg") as bar:
+        while out[0].shape[1] < trials:
+            m = min(chunk, trials - out[0].shape[1])
+            per_arm = np.repeat(ones_d1, m)  # (arms * m,) samples
+            b = len(per_arm)
+            rank = torch.arange(teachers)[:, None]
+            for side in (0, 1):
+                ones = torch.from_numpy(per_arm - (1 - side))[None, :]  # D0: teacher 0 votes bin 0
+                vote_one = (rank < ones) if side == 1 else ((rank >= 1) & (rank <= ones))
+                grads = torch.where(vote_one, 0.5, -0.5).to(torch.float32)[:, :, None]  # (teachers, b, 1)
+                proj = torch.ones(b, 1, 1)
+                g_hat, _, _ = g_pate.dp_grad_agg(grads, proj, clip=1.0, bins=2, sigma_threshold=s1, sigma=s2,
+                                                 threshold=threshold, generator=gen)
+                out[side] = np.concatenate([out[side], g_hat.double().numpy().reshape(arms, m)], 1)
+            bar.update(out[0].shape[1] - bar.n)
+    return Scores(out[0], out[1], claimed, {"sigma_threshold": s1, "sigma": s2, "threshold": threshold,
+                                            "teachers": teachers, "bins": 2, "clip": 1.0,
+                                            "bound": "data_independent"})
+
+
+def _gs_wgan(eps: float, delta: float, trials: int, noise: NoiseSource, *, accountant: str = "rdp") -> Scores:
+    """GS-WGAN's gradient sanitizer (:func:`dpsyn.methods.gs_wgan.sanitize`: clip each per-sample gradient to C, add
+    N(0, (sigma C)^2)), charged as gs_wgan charges it, a sampled-Gaussian event of noise multiplier sigma / 2
+    (sensitivity 2C), here at sampling rate 1 (the critic holding the canary is the one drawn). Neighbours: the
+    critic's gradient into a fake is +C e on D1, -C e on D0 (the worst case: distance 2C)."""
+    import torch
+
+    from dpsyn.methods import gs_wgan
+    from dpsyn.privacy import SampledGaussianEvent, dpsgd_noise_multiplier
+
+    nm = dpsgd_noise_multiplier(epsilon=eps, delta=delta, sample_rate=1.0, steps=1, accountant=accountant)
+    sigma = nm * gs_wgan.SENSITIVITY_FACTOR
+    claimed = _claimed(SampledGaussianEvent(noise_multiplier=sigma / gs_wgan.SENSITIVITY_FACTOR, sample_rate=1.0,
+                                            steps=1, accountant=accountant, label="audit: one sanitised gradient"),
+                       delta)
+    gen, clip = noise.torch(), 1.0
+    grad = torch.full((trials, 1), 3.0 * clip)  # norm 3C, clipped to C
+    out1 = gs_wgan.sanitize(grad, clip=clip, sigma=sigma, generator=gen)[:, 0].double().numpy()
+    out0 = gs_wgan.sanitize(-grad, clip=clip, sigma=sigma, generator=gen)[:, 0].double().numpy()
+    return Scores(out0, out1, claimed, {"sigma": sigma, "clip": clip, "accountant": accountant})
+
+
+def _laplace(eps: float, delta: float, trials: int, noise: NoiseSource) -> Scores:
+    """The class-ratio release (:func:`dpsyn.privacy.dp_class_counts`, what ``Method.release_class_proportions``
+    draws), charged as ``ApproxDPEvent(eps, 0)``: one canary row in half of the classes."""
+    from dpsyn.privacy import ApproxDPEvent, dp_class_counts
+
+    claimed = _claimed(ApproxDPEvent(epsilon=eps, delta=0.0, label="audit: class counts"), delta)
+    canary, empty = _split_coordinates(2 * trials, np.random.default_rng(noise.seed))
+    counts = dp_class_counts(canary, 2 * trials, epsilon=eps, generator=noise.numpy())
+    return Scores(counts[empty], counts[canary], claimed, {"scale": 1.0 / eps, "delta_of_claim": 0.0})
+
+
+MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
+    Mechanism("dpsgd_step", "DP-SGD step (dp_gan, dp_dre: Opacus DPOptimizer), rate 1",
+              lambda *a: _dpsgd(*a, empty_batch=False)),
+    Mechanism("dpsgd_empty_batch", "DP-SGD noise-only step for an empty Poisson batch (dp_gan)",
+              lambda *a: _dpsgd(*a, empty_batch=True)),
+    Mechanism("dp_mge_classic", "dp_mge mean + second moment, classic calibration (default)",
+              lambda *a: _dp_mge(*a, calibration="classic")),
+    Mechanism("dp_mge_analytic", "dp_mge mean + second moment, analytic calibration",
+              lambda *a: _dp_mge(*a, calibration="analytic")),
+    Mechanism("dp_mepf", "dp_mepf embedding release (classic calibration)", _dp_mepf),
+    Mechanism("pe_histogram", "PE DP nearest-neighbour histogram", _pe_histogram),
+    Mechanism("gnmax_threshold", "Confident-GNMax threshold check", lambda *a: _gnmax(*a, part="threshold")),
+    Mechanism("gnmax_argmax", "Confident-GNMax noisy argmax", lambda *a: _gnmax(*a, part="argmax")),
+    Mechanism("g_pate_dpgradagg", "G-PATE DPGradAgg", _g_pate),
+    Mechanism("gs_wgan_sanitize", "GS-WGAN gradient sanitizer", _gs_wgan),
+    Mechanism("laplace_class_counts", "Laplace class-ratio release (g_pate, pate_gan, dp_gan on tables)",
+              _laplace),
+)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the audit
+
+
+def select_mechanisms(spec: Any) -> list[str]:
+    """``"all"``, one name, or a list of names -> the names, in table order.
+
+    Raises:
+        ValueError: an unknown name (the message lists the allowed ones).
+    """
+    names = list(MECHANISMS) if spec in ("all", None) else [spec] if isinstance(spec, str) else list(spec)
+    unknown = [n for n in names if n not in MECHANISMS]
+    if unknown or not names:
+        raise ValueError(f"mechanisms={','.join(map(str, unknown)) or '[]'}: unknown; allowed: all, "
+                         f"{', '.join(MECHANISMS)}")
+    return names
+
+
+def run_audit(names: list[str], *, eps: float, delta: float, trials: int, confidence: float = 0.95,
+              deterministic: bool = False, seed: int = 0) -> list[dict[str, Any]]:
+    """Audit the mechanisms ``names``; one row per mechanism (see the module docstring).
+
+    Args:
+        names: mechanism names (:data:`MECHANISMS`).
+        eps, delta: the claim each mechanism is calibrated to.
+        trials: outputs per side of the neighbouring pair (and arm, for discrete outputs).
+        confidence: family-wise confidence of all the lower bounds together.
+        deterministic: seed the mechanisms' noise from ``seed`` (a reproducible audit; tests).
+        seed: seeds the canary layout and the half split (and the noise when ``deterministic``).
+
+    Raises:
+        ValueError: on bad arguments.
+    """
+    from dpsyn.privacy.audit import audit_scores
+
+    if not (0 < eps < math.inf) or not 0 < delta < 1:
+        raise ValueError(f"eps must be finite and > 0 and delta in (0, 1); got eps={eps!r}, delta={delta!r}")
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 100:
+        raise ValueError(f"trials={trials!r}: must be an integer >= 100")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence!r}: must lie in (0, 1)")
+    alpha = (1.0 - confidence) / (2 * len(names))  # Bonferroni: two Clopper-Pearson bounds per mechanism
+    rows, shared = [], {}
+    for i, name in enumerate(names):
+        t0 = time.perf_counter()
+        noise = NoiseSource(deterministic=deterministic, seed=seed + 7919 * i, shared=shared)
+        out = MECHANISMS[name].run(float(eps), float(delta), int(trials), noise)
+        res = audit_scores(out.scores0, out.scores1, delta=float(delta), alpha=alpha,
+                           rng=np.random.default_rng(seed + 104729 * (i + 1)))
+        row = {"mechanism": name, "eps_claimed": out.eps_claimed, "delta": float(delta), "eps_lower": res.eps_lower,
+               "trials": res.trials, "passed": bool(res.eps_lower <= out.eps_claimed), "what": MECHANISMS[name].what,
+               "test": {k: v for k, v in asdict(res).items() if k not in ("eps_lower", "trials")},
+               "params": out.params, "seconds": time.perf_counter() - t0}
+        log.info("%s: eps_lower %.3f, eps_claimed %.3f (%.1f s)", name, res.eps_lower, out.eps_claimed,
+                 row["seconds"])
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], *, confidence: float) -> str:
+    """The console table."""
+    lines = [f"dpsyn audit: epsilon lower bounds at {confidence:.0%} family-wise confidence (Clopper-Pearson, "
+             "Bonferroni)",
+             f"  {'mechanism':<22} {'eps_claimed':>11} {'eps_lower':>9} {'lower/claimed':>13} {'trials':>9}  verdict"]
+    for r in rows:
+        ratio = r["eps_lower"] / r["eps_claimed"] if r["eps_claimed"] > 0 else math.nan
+        lines.append(f"  {r['mechanism']:<22} {r['eps_claimed']:>11.4f} {r['eps_lower']:>9.4f} {ratio:>13.2f} "
+                     f"{r['trials']:>9d}  {'ok' if r['passed'] else 'FAIL: eps_lower > eps_claimed'}")
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="audit")
+def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from dpsyn.results.io import atomic_write_json
+
+    mechanisms = OmegaConf.to_container(cfg.mechanisms) if OmegaConf.is_list(cfg.mechanisms) else cfg.mechanisms
+    try:
+        names = select_mechanisms(mechanisms)
+        rows = run_audit(names, eps=float(cfg.eps), delta=float(cfg.delta), trials=int(cfg.trials),
+                         confidence=float(cfg.confidence), deterministic=bool(cfg.deterministic), seed=int(cfg.seed))
+    except ValueError as e:
+        print(f"dpsyn: config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    atomic_write_json(run_dir / "audit.json", {
+        "eps": float(cfg.eps), "delta": float(cfg.delta), "trials": int(cfg.trials),
+        "confidence": float(cfg.confidence), "deterministic": bool(cfg.deterministic), "rows": rows})
+    print(format_table(rows, confidence=float(cfg.confidence)))
+    print(f"  outputs : {run_dir / 'audit.json'}")
+    failed = [r["mechanism"] for r in rows if not r["passed"]]
+    if failed:
+        print(f"dpsyn: audit FAILED: eps_lower > eps_claimed for {', '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
+
+
+def main() -> None:
+    """Console entry point."""
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()
