@@ -148,7 +148,11 @@ def test_a_crashed_run_resumes_from_its_checkpoint_without_spending_twice(make_c
         noise_multiplier=event["noise_multiplier"], sample_rate=event["sample_rate"], steps=10, delta=1e-5))
     assert result["epsilon_spent"] <= 1.0
 
-    # a checkpoint made under another calibration is refused
+    # a finished run's fitted state made under another config is refused first ...
+    with pytest.raises(ValueError, match="fitted under another configuration"):
+        run(make_cfg(*over[:1], "eps=2", *over[2:]), tmp_path / "run")
+    # ... and without it, the training checkpoint made under another calibration is refused
+    (tmp_path / "run" / "checkpoints" / "fitted.pt").unlink()
     with pytest.raises(ValueError, match="was trained with noise multiplier"):
         run(make_cfg(*over[:1], "eps=2", *over[2:]), tmp_path / "run")
 

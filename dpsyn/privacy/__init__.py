@@ -12,6 +12,8 @@ Public API (keyword-only arguments, Opacus's names):
   class-ratio release on tables).
 * :class:`PrivacyLedger` and its events — every release recorded, composed, saved as ``privacy.json``.
 * :func:`dp_generator` / :func:`dp_numpy_generator` — generators for DP noise, seeded from OS entropy.
+* :mod:`dpsyn.privacy.audit` (imported on its own) — empirical epsilon lower bounds from a distinguishing test
+  (Clopper-Pearson), used by ``python -m dpsyn.cli.audit``.
 
 The inverse functions never return a noise level whose epsilon exceeds the target. Importing this package imports
 neither torch nor Opacus; they are imported where first needed.
