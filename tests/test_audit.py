@@ -206,7 +206,7 @@ def test_cli_refuses_an_unknown_mechanism_in_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_default_audit_passes_and_is_tight_for_the_gaussian_mechanisms(tmp_path: Path) -> None:
-    """``python -m dpsyn.cli.audit`` with its defaults (2M trials): exit 0, and the DP-SGD step and the Gaussian
+    """``python -m dpsyn.cli.audit`` with its defaults (4M trials): exit 0, and the DP-SGD step and the Gaussian
     releases reach at least half of their claim (a tight audit). Reproducible noise so that a rerun is the same."""
     out = _cli(["deterministic=true"], tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]

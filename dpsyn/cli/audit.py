@@ -1,4 +1,4 @@
-"""``python -m dpsyn.cli.audit [mechanisms=all] [eps=1] [delta=1e-5] [trials=1000000]``: an empirical privacy audit.
+"""``python -m dpsyn.cli.audit [mechanisms=all] [eps=1] [delta=1e-5] [trials=4000000]``: an empirical privacy audit.
 
 Every DP mechanism dpsyn uses is run, as the methods call it (the same functions, not a re-implementation), many
 times on a worst-case neighbouring pair; a distinguishing test on its outputs gives a lower bound on its epsilon
@@ -499,6 +499,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
     from dpsyn.results.io import atomic_write_json
 
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # which CPU build it loads: not the audit's news
     mechanisms = OmegaConf.to_container(cfg.mechanisms) if OmegaConf.is_list(cfg.mechanisms) else cfg.mechanisms
     try:
         names = select_mechanisms(mechanisms)
