@@ -138,9 +138,11 @@ def test_dp_mepf_double_halves_the_positional_sigma(monkeypatch: pytest.MonkeyPa
     assert row["eps_lower"] > row["eps_claimed"] and not row["passed"], row
 
 
-# trials per double: the mechanisms whose outputs are bits split theirs over 8 vote distances; the others are cheap
-DOUBLE_TRIALS = {"gnmax_threshold": 1_000_000, "gnmax_argmax": 1_000_000, "g_pate_dpgradagg": 1_000_000,
-                 "laplace_class_counts": 1_000_000, "dp_mge_classic": 1_000_000}
+# trials per double (the mechanisms whose outputs are bits split theirs over 8 vote distances), enough that the
+# double is caught on every seed tried (1-4), not only the one pinned here; measured margins (lower / claimed) in
+# the closing note of issue 15
+DOUBLE_TRIALS = {"gs_wgan_sanitize": 2_000_000, "laplace_class_counts": 2_000_000, "dpsgd_step": 2_000_000,
+                 "g_pate_dpgradagg": 2_000_000, "gnmax_threshold": 4_000_000, "gnmax_argmax": 4_000_000}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("g_pate_dpgradagg", "pe_histogram",
@@ -160,7 +162,7 @@ def test_half_noise_double_is_caught(name: str, monkeypatch: pytest.MonkeyPatch)
     _halve(monkeypatch, module, attr, **scale)
     # the two DP-SGD rows share their steps (one run_audit call for both)
     names = ["dpsgd_step", "dpsgd_empty_batch"] if name == "dpsgd_step" else [name]
-    rows = run_audit(names, eps=1.0, delta=1e-5, trials=DOUBLE_TRIALS.get(name, FAST_TRIALS), deterministic=True,
+    rows = run_audit(names, eps=1.0, delta=1e-5, trials=DOUBLE_TRIALS.get(name, 1_000_000), deterministic=True,
                      seed=1)
     for row in rows:
         assert row["eps_lower"] > row["eps_claimed"] and not row["passed"], row

@@ -62,9 +62,12 @@ def _counts_above(scores0: np.ndarray, scores1: np.ndarray, t: np.ndarray) -> tu
     return fp, fn
 
 
-def _bounded_epsilon(fp: np.ndarray, fn: np.ndarray, n0: int, n1: int, *, delta: float,
-                     alpha: float) -> np.ndarray:
-    """Vectorised :func:`epsilon_from_rates` over thresholds, with the rates' Clopper-Pearson upper bounds."""
+def _bounded_epsilon(fp: np.ndarray, fn: np.ndarray, n0: int, n1: int, *, delta: float, alpha: float,
+                     min_errors: int = 0) -> np.ndarray:
+    """Vectorised :func:`epsilon_from_rates` over thresholds, with the rates' Clopper-Pearson upper bounds.
+
+    ``min_errors``: a direction of the test whose rate in the denominator rests on fewer errors is scored 0 (its
+    bound is noise there: selecting on it only loses on the other half, and near delta it collapses)."""
     from scipy.stats import beta
 
     fpr = np.where(fp >= n0, 1.0, beta.ppf(1.0 - alpha, fp + 1, np.maximum(n0 - fp, 1)))
@@ -72,7 +75,12 @@ def _bounded_epsilon(fp: np.ndarray, fn: np.ndarray, n0: int, n1: int, *, delta:
     with np.errstate(divide="ignore", invalid="ignore"):
         e1 = np.where(1.0 - delta - fnr > 0, np.log(np.maximum(1.0 - delta - fnr, 1e-300) / fpr), 0.0)
         e2 = np.where(1.0 - delta - fpr > 0, np.log(np.maximum(1.0 - delta - fpr, 1e-300) / fnr), 0.0)
+    e1 = np.where(fp >= min_errors, e1, 0.0)
+    e2 = np.where(fn >= min_errors, e2, 0.0)
     return np.maximum(np.maximum(e1, e2), 0.0)
+
+
+MIN_ERRORS = 20  # a threshold is selected only where the rate it divides by rests on at least this many errors
 
 
 @dataclass(frozen=True)
@@ -100,7 +108,8 @@ def audit_scores(scores0: np.ndarray, scores1: np.ndarray, *, delta: float, alph
     The trials of each side are split at random in two halves: the threshold that maximises the bounded epsilon on
     the first half is then evaluated on the second half, with one-sided Clopper-Pearson bounds at confidence
     ``1 - alpha`` each on FPR and FNR. Candidate thresholds: ``candidates`` quantiles of the first half's pooled
-    scores, denser in the tails (where the best tests of a tight mechanism lie).
+    scores, denser in the tails (where the best tests of a tight mechanism lie), and only where the rate a bound
+    divides by rests on at least :data:`MIN_ERRORS` errors of the first half.
 
     Scores may be 2-d, ``(arms, trials)``: one neighbouring pair per arm (e.g. vote histograms at several distances
     from a threshold, for a mechanism whose output is discrete). The arm is then chosen on the first half too.
@@ -131,13 +140,13 @@ def audit_scores(scores0: np.ndarray, scores1: np.ndarray, *, delta: float, alph
     p0, p1 = rng.permutation(n0), rng.permutation(n1)
     a0, b0 = s0[:, p0[: n0 // 2]], s0[:, p0[n0 // 2 :]]
     a1, b1 = s1[:, p1[: n1 // 2]], s1[:, p1[n1 // 2 :]]
-    tail = np.geomspace(1e-7, 0.5, candidates // 4)
+    tail = np.geomspace(min(0.5, MIN_ERRORS / min(a0.shape[1], a1.shape[1])), 0.5, candidates // 4)
     qs = np.unique(np.concatenate([np.linspace(0.0, 1.0, candidates // 2), tail, 1.0 - tail]))
     best = (-1.0, 0, 0.0)
     for arm in range(len(s0)):
         ts = np.unique(np.quantile(np.concatenate([a0[arm], a1[arm]]), qs))
         fp, fn = _counts_above(a0[arm], a1[arm], ts)
-        eps = _bounded_epsilon(fp, fn, a0.shape[1], a1.shape[1], delta=delta, alpha=alpha)
+        eps = _bounded_epsilon(fp, fn, a0.shape[1], a1.shape[1], delta=delta, alpha=alpha, min_errors=MIN_ERRORS)
         i = int(np.argmax(eps))
         if eps[i] > best[0]:
             best = (float(eps[i]), arm, float(ts[i]))
