@@ -134,7 +134,7 @@ def test_dp_mepf_double_halves_the_positional_sigma(monkeypatch: pytest.MonkeyPa
 
     original = dp_mepf.release_means
     monkeypatch.setattr(dp_mepf, "release_means", lambda s, c, sigma, rng: original(s, c, sigma / 2, rng))
-    (row,) = run_audit(["dp_mepf"], eps=1.0, delta=1e-5, trials=2_000_000, deterministic=True, seed=1)
+    (row,) = run_audit(["dp_mepf"], eps=1.0, delta=1e-5, trials=8_000_000, deterministic=True, seed=1)
     assert row["eps_lower"] > row["eps_claimed"] and not row["passed"], row
 
 
