@@ -679,6 +679,9 @@ class PrivacyLedger:
                 if events:
                     smooth = sum(e.smooth_release is not None for e in events)
                     extra = f", {smooth} smooth-sensitivity release(s)" if smooth else ""
+                    if bound == "data_dependent" and smooth < len(events):
+                        # the epsilon then depends on the private votes without noise (docs/published-fields.md)
+                        extra += "; raw: a function of the private votes, not itself a DP release"
                     name = bound.replace("_", "-")
                     parts.append(f"{len(events)} pate confident-gnmax event(s) ({name} bound{extra})")
             if plan.sampled:
