@@ -61,8 +61,8 @@ class Scores:
 
 @dataclass(frozen=True)
 class Mechanism:
-    """One audited mechanism: ``run(eps, delta, trials, noise)`` returns its :class:`Scores`; ``noise(offset)`` makes
-    a DP generator (torch with ``kind="torch"``, numpy otherwise)."""
+    """One audited mechanism: ``run(eps, delta, trials, noise)`` returns its :class:`Scores` (``noise``: a
+    :class:`NoiseSource`, which hands out its DP generators)."""
 
     name: str
     what: str
@@ -90,12 +90,13 @@ class NoiseSource:
         return dp_numpy_generator(deterministic=self.deterministic, seed=self.seed * 1009 + self.calls)
 
 
-def _claimed(event: Any, delta: float) -> float:
-    """The epsilon the ledger charges for ``event`` alone."""
+def _claimed(*events: Any, delta: float) -> float:
+    """The epsilon the ledger charges for ``events`` (one release's) alone."""
     from dpsyn.privacy import PrivacyLedger
 
     ledger = PrivacyLedger(target_epsilon=math.inf, delta=delta)
-    ledger.add(event)
+    for event in events:
+        ledger.add(event)
     return float(ledger.epsilon(delta))
 
 
@@ -148,7 +149,7 @@ def _dpsgd_outputs(eps: float, delta: float, trials: int, noise: NoiseSource, *,
 
     nm = dpsgd_noise_multiplier(epsilon=eps, delta=delta, sample_rate=1.0, steps=1, accountant=accountant)
     claimed = _claimed(SampledGaussianEvent(noise_multiplier=nm, sample_rate=1.0, steps=1, accountant=accountant,
-                                            label="one DP-SGD step at sampling rate 1"), delta)
+                                            label="one DP-SGD step at sampling rate 1"), delta=delta)
     half = dim // 2
     layer = torch.nn.Linear(dim, 1, bias=False)
     torch.nn.init.zeros_(layer.weight)
@@ -207,12 +208,8 @@ def _dp_mge(eps: float, delta: float, trials: int, noise: NoiseSource, *, calibr
 
     rel = dp_mge.plan_releases(epsilon=eps, delta=delta, calibration=calibration, mean_share=0.5, count_share=0.0)
     sm, ss = rel["mean"].sigma, rel["second_moment"].sigma
-    from dpsyn.privacy import PrivacyLedger
-
-    ledger = PrivacyLedger(target_epsilon=math.inf, delta=delta)
-    ledger.add(rel["mean"].event("audit: sum of features"))
-    ledger.add(rel["second_moment"].event("audit: sum of squared features"))
-    claimed = float(ledger.epsilon(delta))
+    claimed = _claimed(rel["mean"].event("audit: sum of features"),
+                       rel["second_moment"].event("audit: sum of squared features"), delta=delta)
     layout, rng = np.random.default_rng(noise.seed), noise.numpy()
     s0, s1, n = [], [], 0
     eye = np.eye(dim)
@@ -239,7 +236,7 @@ def _dp_mepf(eps: float, delta: float, trials: int, noise: NoiseSource, *, calib
     from dpsyn.privacy import ApproxDPEvent, gaussian_sigma
 
     sigma = gaussian_sigma(epsilon=eps, delta=delta, sensitivity=1.0, calibration=calibration)
-    claimed = _claimed(ApproxDPEvent(epsilon=eps, delta=delta, label="audit: one dp_mepf embedding"), delta)
+    claimed = _claimed(ApproxDPEvent(epsilon=eps, delta=delta, label="audit: one dp_mepf embedding"), delta=delta)
     layout, rng = np.random.default_rng(noise.seed), noise.numpy()
     dim, n_rows = 2 * trials, 1000.0
     canary, empty = _split_coordinates(dim, layout)
@@ -257,7 +254,7 @@ def _pe_histogram(eps: float, delta: float, trials: int, noise: NoiseSource, *, 
     from dpsyn.privacy import GaussianEvent, gdp_noise_multiplier
 
     sigma = gdp_noise_multiplier(epsilon=eps, steps=1, delta=delta)
-    claimed = _claimed(GaussianEvent(noise_multiplier=sigma, count=1, label="audit: one PE histogram"), delta)
+    claimed = _claimed(GaussianEvent(noise_multiplier=sigma, count=1, label="audit: one PE histogram"), delta=delta)
     layout, rng = np.random.default_rng(noise.seed), noise.numpy()
     synthetic = (np.random.default_rng(noise.seed + 1).standard_normal((dim, 16)) * 100.0).astype(np.float32)
     s0, s1, n = [], [], 0
@@ -277,7 +274,8 @@ def _pate_claim(sigma_threshold: float, sigma: float, threshold: float, delta: f
     from dpsyn.privacy import PATEEvent
 
     return _claimed(PATEEvent(sigma_threshold=sigma_threshold, sigma=sigma, threshold=threshold, queries=1,
-                              answered=1, bound="data_independent", label="audit: one Confident-GNMax query"), delta)
+                              answered=1, bound="data_independent", label="audit: one Confident-GNMax query"),
+                    delta=delta)
 
 
 def _gnmax(eps: float, delta: float, trials: int, noise: NoiseSource, *, part: str, arms: int = ARMS,
@@ -383,7 +381,7 @@ def _gs_wgan(eps: float, delta: float, trials: int, noise: NoiseSource, *, accou
     sigma = nm * gs_wgan.SENSITIVITY_FACTOR
     claimed = _claimed(SampledGaussianEvent(noise_multiplier=sigma / gs_wgan.SENSITIVITY_FACTOR, sample_rate=1.0,
                                             steps=1, accountant=accountant, label="audit: one sanitised gradient"),
-                       delta)
+                       delta=delta)
     gen, clip = noise.torch(), 1.0
     grad = torch.full((trials, 1), 3.0 * clip)  # norm 3C, clipped to C
     out1 = gs_wgan.sanitize(grad, clip=clip, sigma=sigma, generator=gen)[:, 0].double().numpy()
@@ -396,7 +394,7 @@ def _laplace(eps: float, delta: float, trials: int, noise: NoiseSource) -> Score
     draws), charged as ``ApproxDPEvent(eps, 0)``: one canary row in half of the classes."""
     from dpsyn.privacy import ApproxDPEvent, dp_class_counts
 
-    claimed = _claimed(ApproxDPEvent(epsilon=eps, delta=0.0, label="audit: class counts"), delta)
+    claimed = _claimed(ApproxDPEvent(epsilon=eps, delta=0.0, label="audit: class counts"), delta=delta)
     canary, empty = _split_coordinates(2 * trials, np.random.default_rng(noise.seed))
     counts = dp_class_counts(canary, 2 * trials, epsilon=eps, generator=noise.numpy())
     return Scores(counts[empty], counts[canary], claimed, {"scale": 1.0 / eps, "delta_of_claim": 0.0})
