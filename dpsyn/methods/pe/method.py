@@ -173,13 +173,18 @@ class PE(Method):
 
     # ---------------------------------------------------------------- set-up
 
-    def _api(self, models: Any, pool: Any, public: Split) -> PEAPI:
+    def _api(self, models: Any, pool: Any, public: Split | None,
+             public_of_private: np.ndarray | None = None) -> PEAPI:
+        """The backend's APIs; ``public_of_private`` (diffusion: the public class of each private class) is mapped
+        from the public split's class names unless given (a restored fitted state)."""
         if self.backend == "icgan":
             return ICGANAPI(models, pool, feature_noise=float(self.cfg.feature_noise))
         from dpsyn.public.diffusion import load_diffusion_model
 
         model = load_diffusion_model(self.ctx.public, cache_dir=self.ctx.cache_dir or ".",
                                      data_dir=self.ctx.data_dir or ".")
+        if public_of_private is not None:
+            return DiffusionAPI(model, public_of_private, condition=self.condition)
         names, _ = public_class_names(self.ctx, models, public)
         public_of_private = np.full(self.ctx.num_classes, -1, dtype=np.int64)
         for public_id, private_id in enumerate(private_label_map(names, list(self.ctx.classes))):
@@ -250,14 +255,7 @@ class PE(Method):
         state = dict(state)
         api = state.pop("api")
         super().load_fitted_state(state)
-        if self.backend == "icgan":
-            self.api = ICGANAPI(self.models, self.pool, feature_noise=float(self.cfg.feature_noise))
-        else:
-            from dpsyn.public.diffusion import load_diffusion_model
-
-            model = load_diffusion_model(self.ctx.public, cache_dir=self.ctx.cache_dir or ".",
-                                         data_dir=self.ctx.data_dir or ".")
-            self.api = DiffusionAPI(model, api["public_of_private"], condition=self.condition)
+        self.api = self._api(self.models, self.pool, None, public_of_private=api.get("public_of_private"))
 
     # ---------------------------------------------------------------- fit
 
