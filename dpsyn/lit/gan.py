@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dpsyn.privacy import gaussian_mechanism
+
 
 class GANModule(L.LightningModule):
     """Conditional GAN with an optionally DP discriminator.
@@ -201,7 +203,7 @@ def noise_only_step(optimizer: Any) -> None:
     """
     std = optimizer.noise_multiplier * optimizer.max_grad_norm
     for p in optimizer.params:
-        noise = torch.normal(0.0, std, size=p.shape, generator=optimizer.generator, device=p.device)
+        noise = gaussian_mechanism(torch.zeros(p.shape, device=p.device), std, generator=optimizer.generator)
         p.grad = (noise / optimizer.expected_batch_size).to(p.dtype)
     optimizer.original_optimizer.step()
     optimizer.zero_grad(set_to_none=True)

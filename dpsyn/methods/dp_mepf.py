@@ -47,7 +47,14 @@ from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.methods.dp_gan_ft import public_subsample
 from dpsyn.nets.dcgan import CondDCGANGenerator
-from dpsyn.privacy import ApproxDPEvent, NonPrivateEvent, PrivacyLedger, dp_numpy_generator, gaussian_sigma
+from dpsyn.privacy import (
+    ApproxDPEvent,
+    NonPrivateEvent,
+    PrivacyLedger,
+    dp_numpy_generator,
+    gaussian_mechanism,
+    gaussian_sigma,
+)
 from dpsyn.public import clip_to_unit_ball
 
 log = logging.getLogger(__name__)
@@ -201,7 +208,7 @@ def release_means(
     sums: np.ndarray, counts: np.ndarray, sigma: float | None, rng: np.random.Generator | None
 ) -> np.ndarray:
     """``(sums + N(0, sigma^2 I)) / counts[:, None]`` (no noise when ``sigma`` is None), float32."""
-    noisy = sums if sigma is None else sums + sigma * rng.standard_normal(sums.shape)  # type: ignore[union-attr]
+    noisy = sums if sigma is None else gaussian_mechanism(sums, sigma, generator=rng)
     return (noisy / counts[:, None]).astype(np.float32)
 
 
@@ -305,7 +312,7 @@ class DPMEPF(Method):
             sigma = {k: gaussian_sigma(epsilon=e, delta=d, sensitivity=1.0, calibration=str(cfg.calibration))
                      for k, (e, d) in shares.items()}
             if "counts" in sigma:
-                noisy = counts + sigma["counts"] * rng.standard_normal(groups)
+                noisy = gaussian_mechanism(counts, sigma["counts"], generator=rng)
                 n_used = np.maximum(noisy, 1.0)
             else:
                 n_used = counts.astype(np.float64)

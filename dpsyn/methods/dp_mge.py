@@ -70,6 +70,7 @@ from dpsyn.privacy import (
     PrivacyEvent,
     PrivacyLedger,
     dp_numpy_generator,
+    gaussian_mechanism,
     gaussian_sigma,
 )
 
@@ -239,11 +240,11 @@ def dp_moments(
         if rng is None:
             raise ValueError("a DP-noise generator is needed to add noise")
     if sigma_mean is not None:
-        s1 = s1 + rng.normal(0.0, sigma_mean, size=s1.shape)
+        s1 = gaussian_mechanism(s1, sigma_mean, generator=rng)
     if sigma_second is not None:
-        s2 = s2 + rng.normal(0.0, sigma_second, size=s2.shape)
+        s2 = gaussian_mechanism(s2, sigma_second, generator=rng)
     if sigma_counts is not None:
-        counts = np.maximum(counts + rng.normal(0.0, sigma_counts, size=counts.shape), min_count)
+        counts = np.maximum(gaussian_mechanism(counts, sigma_counts, generator=rng), min_count)
     else:
         counts = np.maximum(counts, min_count)  # an empty class: sums of 0 (plus noise) over 1
     mean = s1 / counts[:, None]

@@ -73,6 +73,7 @@ from dpsyn.privacy import (
     PrivacyLedger,
     SampledGaussianEvent,
     dp_generator,
+    gaussian_mechanism,
     dpsgd_noise_multiplier,
 )
 from dpsyn.results.io import atomic_torch_save
@@ -120,8 +121,7 @@ def sanitize(
         raise ValueError("noise needs a clip bound and a DP generator")
     out = grad if clip is None else clip_per_sample(grad, clip)
     if sigma > 0:
-        noise = torch.randn(grad.shape, generator=generator, device=generator.device, dtype=grad.dtype)
-        out = out + (sigma * clip) * noise.to(grad.device)
+        out = gaussian_mechanism(out, sigma * clip, generator=generator)
     return out
 
 

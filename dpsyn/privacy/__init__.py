@@ -12,6 +12,7 @@ Public API (keyword-only arguments, Opacus's names):
   class-ratio release on tables).
 * :class:`PrivacyLedger` and its events — every release recorded, composed, saved as ``privacy.json``.
 * :func:`dp_generator` / :func:`dp_numpy_generator` — generators for DP noise, seeded from OS entropy.
+* :func:`gaussian_mechanism` / :func:`laplace_mechanism` — the only DP noise draws in dpsyn (numpy or torch).
 * :mod:`dpsyn.privacy.audit` (imported on its own) — empirical epsilon lower bounds from a distinguishing test
   (Clopper-Pearson), used by ``python -m dpsyn.cli.audit``.
 
@@ -41,7 +42,7 @@ from dpsyn.privacy.ledger import (
     PATEEvent,
     SampledGaussianEvent,
 )
-from dpsyn.privacy.noise import dp_generator, dp_numpy_generator
+from dpsyn.privacy.noise import dp_generator, dp_numpy_generator, gaussian_mechanism, laplace_mechanism
 from dpsyn.privacy.pate import (
     PATE_BOUNDS,
     PATE_RELEASES,
@@ -95,6 +96,7 @@ __all__ = [
     "dp_numpy_generator",
     "dpsgd_epsilon",
     "dpsgd_noise_multiplier",
+    "gaussian_mechanism",
     "gaussian_rdp",
     "gaussian_sigma",
     "gdp_delta",
@@ -108,6 +110,7 @@ __all__ = [
     "gnmax_rdp_data_independent",
     "gnmax_rdp_from_logq",
     "gnss_rdp",
+    "laplace_mechanism",
     "laplace_scale",
     "pate_bound_for_release",
     "pate_data_independent_epsilon",

@@ -9,7 +9,7 @@ changes exactly one class count by 1: the histogram's L1 sensitivity is 1, and L
 count is eps-DP (Dwork & Roth 2014, Thm 3.6). The clamping at 0 and the normalisation are post-processing. The
 ledger records it as ``ApproxDPEvent(epsilon=eps, delta=0)``.
 
-numpy's ``Generator.laplace`` draws the noise (nothing hand-written but the three lines of the mechanism).
+:func:`dpsyn.privacy.noise.laplace_mechanism` draws the noise (numpy's ``Generator.laplace``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import math
 from typing import Any
 
 import numpy as np
+
+from dpsyn.privacy.noise import laplace_mechanism
 
 
 def laplace_scale(*, epsilon: float, sensitivity: float = 1.0) -> float:
@@ -52,7 +54,7 @@ def dp_class_counts(labels: Any, num_classes: int, *, epsilon: float, generator:
     if y.ndim != 1 or not integral or (y.size and (y.min() < 0 or y.max() >= num_classes)):
         raise ValueError(f"labels must be a 1-d array of integers in [0, {num_classes})")
     counts = np.bincount(y.astype(np.int64), minlength=num_classes).astype(np.float64)
-    return counts + generator.laplace(0.0, laplace_scale(epsilon=epsilon), size=num_classes)
+    return laplace_mechanism(counts, laplace_scale(epsilon=epsilon), generator=generator)
 
 
 def dp_class_proportions(

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpsyn.privacy import gaussian_mechanism
+
 try:  # faiss-cpu is a dependency; faiss-gpu on GPU machines. torch's exact search is the fallback.
     import faiss
 except ImportError:  # pragma: no cover - exercised only where faiss is missing
@@ -189,7 +191,7 @@ def dp_nn_histogram(
         raise ValueError("a DP histogram needs its noise generator (rng)")
     clean = nn_counts(private, synthetic, private_labels=private_labels, synthetic_labels=synthetic_labels,
                       num_nearest=num_nearest, backend=backend, gpu=gpu)
-    noisy = clean + rng.normal(0.0, noise_multiplier, size=clean.shape) if noise_multiplier > 0 else clean.copy()
+    noisy = gaussian_mechanism(clean, noise_multiplier, generator=rng) if noise_multiplier > 0 else clean.copy()
     return Histogram(clean=clean, noisy=noisy, thresholded=np.maximum(noisy - threshold, 0.0),
                      noise_multiplier=float(noise_multiplier), threshold=float(threshold))
 

@@ -63,6 +63,7 @@ from dpsyn.privacy import (
     PrivacyEvent,
     PrivacyLedger,
     dp_numpy_generator,
+    gaussian_mechanism,
     gdp_epsilon,
     gdp_noise_multiplier,
 )
@@ -367,7 +368,7 @@ class PE(Method):
         if self.class_proportions == "dp":
             ledger.add(event("class counts"))
             if self.sigma > 0:
-                counts = counts + noise_rng.normal(0.0, self.sigma, size=k)
+                counts = gaussian_mechanism(counts, self.sigma, generator=noise_rng)
         return class_sizes(self.population, np.maximum(counts, 0.0))
 
     def _lookahead_embedding(self, pop: Population, degree: float, embed: Any, t: int) -> np.ndarray:
