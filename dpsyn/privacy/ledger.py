@@ -335,7 +335,7 @@ class PATEEvent(PrivacyEvent):
         """
         if self.smooth_release is not None:
             raise ValueError("this PATE event's RDP was already released with smooth sensitivity: add a new event")
-        from dpsyn.privacy.pate import _check_answered, _check_votes
+        from dpsyn.privacy.pate.analysis import _check_answered, _check_votes
 
         v = _check_votes(votes)
         mask = _check_answered(answered, v.shape[0])
