@@ -250,11 +250,10 @@ def test_save_is_atomic_when_writing_fails(tmp_path, monkeypatch):
     old.save(tmp_path)
     before = (tmp_path / "privacy.json").read_text()
 
-    def broken_dump(obj, fp, **kwargs):
-        fp.write('{"format": "dpsyn.privacy_ledger", "events": [')  # half a file, then the disk fills up
+    def broken_fsync(fd):  # the new ledger is in the temporary file, then the disk fails before the rename
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(json, "dump", broken_dump)
+    monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="No space"):
         mixed_ledger().save(tmp_path / "privacy.json")
     monkeypatch.undo()

@@ -36,7 +36,6 @@ Non-private runs (eps=inf) use the same votes without noise or threshold (their 
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -427,9 +426,9 @@ class GPATE(Method):
                 votes += teacher_votes(g / b, proj, clip=hp["clip"], bins=hp["bins"])  # grad of the batch-mean loss
             if event is not None:
                 flat = votes.view(b * k, hp["bins"])
-                trial = copy.deepcopy(ledger)  # would this step's queries (GNMax charged for all) overspend?
-                trial.record_pate_queries(event_id, flat, torch.ones(b * k, dtype=torch.bool))
-                if trial.epsilon() > budget.epsilon * (1 + 1e-9):
+                # would this step's queries (GNMax charged for all) overspend?
+                trial = ledger.events[event_id].with_queries(flat, torch.ones(b * k, dtype=torch.bool))
+                if ledger.would_exceed(trial, replacing=event_id):
                     self.train_log["stopped_by"] = "budget"
                     break
             g_hat, answered = aggregate_votes(

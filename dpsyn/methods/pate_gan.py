@@ -35,7 +35,6 @@ labels are uniform over the classes (a public choice). Non-private runs (eps=inf
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -300,9 +299,9 @@ class PATEGAN(Method):
                 xq = G(zq, yq)
                 votes = binary_votes(ens.forward_shared(xq, yq))
             if event is not None:
-                trial = copy.deepcopy(ledger)  # would this step's queries (GNMax charged for all) overspend?
-                trial.record_pate_queries(event_id, votes, torch.ones(b, dtype=torch.bool))
-                if trial.epsilon() > budget.epsilon * (1 + 1e-9):
+                # would this step's queries (GNMax charged for all) overspend?
+                trial = ledger.events[event_id].with_queries(votes, torch.ones(b, dtype=torch.bool))
+                if ledger.would_exceed(trial, replacing=event_id):
                     self.train_log["stopped_by"] = "budget"
                     break
             answered, label = student_labels(

@@ -30,6 +30,8 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from dpsyn.privacy.gaussian import _check_count, _check_delta, _check_positive
 
 logger = logging.getLogger(__name__)
@@ -100,6 +102,53 @@ def _quiet_opacus() -> Iterator[None]:
         warnings.filterwarnings("ignore", message="Optimal order")
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"opacus\.accountants\.analysis\.prv")
         yield
+
+
+def _check_orders(orders: Sequence[float] | np.ndarray | None) -> np.ndarray:
+    """The orders as a 1-D float array (dpsyn's :func:`~dpsyn.privacy.dpsgd.rdp_orders` when None), each > 1."""
+    if orders is None:
+        return np.asarray(rdp_orders(), dtype=np.float64)
+    alphas = np.atleast_1d(np.asarray(orders, dtype=np.float64))
+    if alphas.ndim != 1 or alphas.size == 0 or not np.all(np.isfinite(alphas)) or not np.all(alphas > 1):
+        raise ValueError(f"RDP orders must be a non-empty sequence of finite numbers > 1, got {orders!r}")
+    return alphas
+
+
+def rdp_to_epsilon(
+    *, rdp: Sequence[float] | np.ndarray, orders: Sequence[float] | np.ndarray, delta: float
+) -> tuple[float, float]:
+    """Epsilon at ``delta`` of an RDP curve: Balle et al. 2020, Thm 21 (Opacus's ``get_privacy_spent``), best order.
+
+    dpsyn's one RDP -> epsilon conversion: :class:`~dpsyn.privacy.PrivacyLedger` applies it to every RDP
+    composition, and the PATE analysis to its curves. ``inf`` RDP values (orders where a mechanism has no bound) are
+    allowed.
+
+    Args:
+        rdp: RDP values, one per order, each >= 0.
+        orders: RDP orders, each > 1.
+        delta: Target delta in (0, 1).
+
+    Returns:
+        ``(epsilon, best order)``; epsilon is clipped at 0 and is ``inf`` if every order's RDP is.
+
+    Raises:
+        ValueError: On mismatched lengths, negative or NaN RDP values, or an invalid delta.
+    """
+    alphas = _check_orders(orders)
+    r = np.atleast_1d(np.asarray(rdp, dtype=np.float64))
+    delta = _check_delta("delta", delta)
+    if r.shape != alphas.shape:
+        raise ValueError(f"rdp and orders must have the same length, got {r.shape} and {alphas.shape}")
+    if np.any(np.isnan(r)) or np.any(r < 0):
+        raise ValueError("RDP values must be >= 0 (inf allowed)")
+    if np.all(np.isinf(r)):
+        return math.inf, math.nan
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    with _quiet_opacus():
+        eps, best = get_privacy_spent(orders=alphas, rdp=r, delta=delta)
+    # The conversion can dip below 0 for delta close to 1; epsilon is never negative.
+    return max(0.0, float(eps)), float(best)
 
 
 def _get_epsilon(accountant_obj: Any, delta: float, alphas: list[float] | None = None) -> float:

@@ -22,8 +22,9 @@ Composition in :meth:`PrivacyLedger.epsilon` (the simplest exact-enough rule tha
 3. the other events: only Gaussian events -> exact GDP; a single DP-SGD event -> its own accountant (rdp/prv);
    otherwise (and whenever a PATE event has queries) RDP composition at dpsyn's orders
    (:func:`dpsyn.privacy.dpsgd.rdp_orders`): Opacus's sampled Gaussian RDP for DP-SGD, ``count * alpha/(2 nm^2)``
-   for Gaussian events, each PATE event's RDP curve (:meth:`PATEEvent.rdp`), converted with Opacus's
-   ``get_privacy_spent`` (Balle et al. 2020).
+   for Gaussian events, each PATE event's RDP curve (:meth:`PATEEvent.rdp`), converted with
+   :func:`dpsyn.privacy.dpsgd.rdp_to_epsilon` (Opacus's ``get_privacy_spent``, Balle et al. 2020), the conversion
+   the PATE analysis uses too.
 
 Recording PATE queries (one event per teacher ensemble, queries added per batch)::
 
@@ -36,11 +37,11 @@ Recording PATE queries (one event per teacher ensemble, queries added per batch)
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -50,12 +51,12 @@ import numpy as np
 
 from dpsyn.privacy.dpsgd import (
     ACCOUNTANTS,
-    _quiet_opacus,
     check_accountant,
     dpsgd_epsilon,
     opacus_version,
     rdp_orders,
     rdp_orders_description,
+    rdp_to_epsilon,
 )
 from dpsyn.privacy.gaussian import (
     _check_count,
@@ -71,6 +72,7 @@ from dpsyn.privacy.pate import (
     confident_gnmax_rdp,
     gnss_rdp,
 )
+from dpsyn.results.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -352,6 +354,17 @@ class PATEEvent(PrivacyEvent):
         self.queries += int(v.shape[0])
         self.answered += int(mask.sum())
 
+    def with_queries(self, votes: Any, answered: Any) -> PATEEvent:
+        """A copy of this event with a batch of queries added (:meth:`add_queries`); this event is not changed.
+
+        For :meth:`PrivacyLedger.would_exceed` (``replacing=`` this event's id): would these queries overspend?
+        """
+        trial = copy.copy(self)
+        trial.orders, trial.rdp_data_dependent = list(self.orders), list(self.rdp_data_dependent)
+        trial.smooth_release = None if self.smooth_release is None else dict(self.smooth_release)
+        trial.add_queries(votes, answered)
+        return trial
+
     def rdp(self, orders: Sequence[float]) -> np.ndarray:
         """This event's RDP at ``orders`` under its ``bound`` (plus a recorded smooth release's cost).
 
@@ -626,7 +639,7 @@ class PrivacyLedger:
                 accountant=e.accountant,
             )
         # Mixed events: RDP composes additively across mechanisms at each order.
-        from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+        from opacus.accountants.analysis.rdp import compute_rdp
 
         orders = rdp_orders()
         rdp = np.zeros(len(orders))
@@ -638,12 +651,7 @@ class PrivacyLedger:
             rdp += g.count * gaussian_rdp(noise_multiplier=g.noise_multiplier, orders=orders)
         for p in plan.pate:
             rdp += p.rdp(orders)
-        if np.all(np.isinf(rdp)):
-            return math.inf
-        with _quiet_opacus():
-            eps, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=delta)
-        # The conversion can dip below 0 for delta close to 1; epsilon is never negative.
-        return max(0.0, float(eps))
+        return rdp_to_epsilon(rdp=rdp, orders=orders, delta=delta)[0]
 
     def accountant_description(self) -> str:
         """Which accountant :meth:`epsilon` uses, for result rows.
@@ -695,6 +703,48 @@ class PrivacyLedger:
             desc = f"{desc} + {basic}" if desc else basic
         return desc
 
+    def _exceeds(self, epsilon: float) -> bool:
+        """Whether ``epsilon`` is beyond the target: the one place with the rounding tolerance (``1 + 1e-9``)."""
+        return epsilon > self._target_epsilon * (1.0 + _BUDGET_RTOL)
+
+    def epsilon_if(self, event: PrivacyEvent, *, replacing: int | None = None) -> float:
+        """The epsilon spent (at the ledger's delta) if ``event`` were recorded too; the ledger is not changed.
+
+        Args:
+            event: A privacy event, not recorded.
+            replacing: The id of a recorded event that ``event`` would stand in for (a PATE event with this step's
+                queries added, :meth:`PATEEvent.with_queries`); None to add ``event`` after the others.
+
+        Raises:
+            ValueError: If ``event`` is not a privacy event, ``replacing`` is not a recorded id, or the events cannot
+                be composed (see :meth:`epsilon`).
+        """
+        if not isinstance(event, tuple(EVENT_KINDS.values())):
+            raise ValueError(f"not a privacy event: {event!r}; kinds: {', '.join(sorted(EVENT_KINDS))}")
+        events = list(self._events)  # the event objects themselves: composing does not change them
+        if replacing is None:
+            events.append(event)
+        else:
+            self._event(replacing)
+            events[replacing] = event
+        trial = PrivacyLedger(target_epsilon=self._target_epsilon, delta=self._delta, events=events)
+        return trial.epsilon(self._delta)
+
+    def would_exceed(self, event: PrivacyEvent, *, replacing: int | None = None) -> bool:
+        """Stop before overspending: whether recording ``event`` would take the epsilon spent beyond the target.
+
+        The same test as :meth:`check_within_budget` (with its tolerance) on :meth:`epsilon_if`, without copying the
+        ledger or its events; nothing is recorded.
+
+        Args:
+            event: The release about to be made.
+            replacing: See :meth:`epsilon_if`.
+
+        Returns:
+            True if the epsilon would exceed ``target_epsilon * (1 + 1e-9)``.
+        """
+        return self._exceeds(self.epsilon_if(event, replacing=replacing))
+
     def check_within_budget(self) -> float:
         """Raise unless the epsilon spent at the ledger's delta is within the target.
 
@@ -705,7 +755,7 @@ class PrivacyLedger:
             BudgetExceededError: If ``epsilon(delta) > target_epsilon * (1 + 1e-9)``.
         """
         eps = self.epsilon(self._delta)
-        if eps > self._target_epsilon * (1.0 + _BUDGET_RTOL):
+        if self._exceeds(eps):
             raise BudgetExceededError(
                 f"privacy budget exceeded: epsilon spent {eps:.6g} > target {self._target_epsilon:.6g} "
                 f"at delta {self._delta:g} ({self.accountant_description()})"
@@ -753,7 +803,8 @@ class PrivacyLedger:
         )
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the ledger as JSON, atomically (temporary file in the same folder, then ``os.replace``).
+        """Write the ledger as JSON, atomically (:func:`dpsyn.results.io.atomic_write_json`: a temporary file in the
+        same folder, fsynced, then ``os.replace``).
 
         Args:
             path: The file to write, or a directory (then ``privacy.json`` in it).
@@ -765,21 +816,7 @@ class PrivacyLedger:
         if path.is_dir():
             path = path / PRIVACY_FILENAME
         data = self.to_dict()
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=2, allow_nan=False)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; a result file should be as readable as its neighbours
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        atomic_write_json(path, data)
         logger.info("privacy ledger written to %s (epsilon spent %s)", path, data["epsilon_spent"])
         return path
 

@@ -64,7 +64,6 @@ from dpsyn.privacy import (
     PrivacyLedger,
     dp_numpy_generator,
     gaussian_mechanism,
-    gdp_epsilon,
     gdp_noise_multiplier,
 )
 
@@ -98,8 +97,10 @@ def pe_noise_multiplier(*, epsilon: float, delta: float, releases: int, noise_mu
         if not nm > 0 or not math.isfinite(nm):
             raise ValueError(f"method.noise_multiplier={noise_multiplier!r} must be a finite number > 0 (or null)")
         if math.isfinite(epsilon):
-            spent = gdp_epsilon(noise_multiplier=nm, steps=releases, delta=delta)
-            if spent > epsilon * (1 + 1e-9):
+            plan = GaussianEvent(noise_multiplier=nm, count=releases, label="pe: the run's Gaussian releases")
+            check = PrivacyLedger(target_epsilon=epsilon, delta=delta)
+            if check.would_exceed(plan):
+                spent = check.epsilon_if(plan)
                 raise ValueError(
                     f"method.noise_multiplier={nm:g} with {releases} releases spends eps={spent:.4g} > target eps="
                     f"{epsilon:g} at delta={delta:g}: raise eps (eps>={spent:.4g}) or leave noise_multiplier null"

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 from scipy.special import log_ndtr, ndtri_exp
 
+from dpsyn.privacy.dpsgd import _check_orders
 from dpsyn.privacy.gaussian import _check_delta, _check_positive
 from dpsyn.privacy.pate.analysis import (
     _SQRT2,
     _as_numpy,
     _check_answered,
-    _check_orders,
     _check_real,
     _check_votes,
     _gnmax_logq,
