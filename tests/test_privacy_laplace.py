@@ -103,14 +103,15 @@ def test_proportions_are_a_distribution() -> None:
     np.testing.assert_allclose(p, [0.3, 0.05, 0.65, 0.0], atol=1e-4)
 
 
-class _FixedNoise:
-    """A stand-in generator whose Laplace draws are fixed values."""
+class _FixedNoise(np.random.Generator):
+    """A stand-in generator whose Laplace draws are fixed values (a numpy Generator, as laplace_mechanism requires)."""
 
     def __init__(self, values: list[float]) -> None:
+        super().__init__(np.random.PCG64(0))
         self.values = np.asarray(values, dtype=np.float64)
 
-    def laplace(self, loc: float, scale: float, size: int) -> np.ndarray:
-        assert size == len(self.values)
+    def laplace(self, loc: float, scale: float, size: int | tuple[int, ...]) -> np.ndarray:
+        assert tuple(np.atleast_1d(size)) == (len(self.values),)
         return loc + self.values
 
 

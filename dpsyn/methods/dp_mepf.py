@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,9 +51,10 @@ from dpsyn.privacy import (
     ApproxDPEvent,
     NonPrivateEvent,
     PrivacyLedger,
+    calibrate_releases,
     dp_numpy_generator,
     gaussian_mechanism,
-    gaussian_sigma,
+    split_budget,
 )
 from dpsyn.public import clip_to_unit_ball
 
@@ -173,37 +174,6 @@ def moment_sums(
     return s1, s2, counts, n_clipped
 
 
-def split_budget(*, epsilon: float, delta: float, fractions: Mapping[str, float]) -> dict[str, tuple[float, float]]:
-    """``(f_r epsilon, f_r delta)`` for each release r, whose epsilons and deltas sum to at most the totals.
-
-    Args:
-        epsilon: total epsilon (finite, > 0).
-        delta: total delta in (0, 1).
-        fractions: release name -> fraction > 0; the fractions must sum to 1.
-
-    Returns:
-        release name -> (epsilon_r, delta_r). Float rounding is resolved towards the safe side (a share is
-        nudged down by an ulp until the sums do not exceed the totals).
-
-    Raises:
-        ValueError: a fraction <= 0, or fractions that do not sum to 1.
-    """
-    if not fractions or any(not (isinstance(f, (int, float)) and f > 0) for f in fractions.values()):
-        raise ValueError(f"method.budget_split: every release made needs a fraction > 0, got {dict(fractions)}")
-    total = math.fsum(float(f) for f in fractions.values())
-    if abs(total - 1.0) > 1e-9:
-        raise ValueError(f"method.budget_split: the fractions of the releases made must sum to 1, got {dict(fractions)}"
-                         f" (sum {total:g})")
-    names = list(fractions)
-    eps = {k: epsilon * float(fractions[k]) for k in names}
-    dlt = {k: delta * float(fractions[k]) for k in names}
-    for shares, limit in ((eps, epsilon), (dlt, delta)):
-        while math.fsum(shares.values()) > limit:
-            k = max(shares, key=shares.__getitem__)
-            shares[k] = math.nextafter(shares[k], 0.0)
-    return {k: (eps[k], dlt[k]) for k in names}
-
-
 def release_means(
     sums: np.ndarray, counts: np.ndarray, sigma: float | None, rng: np.random.Generator | None
 ) -> np.ndarray:
@@ -307,10 +277,11 @@ class DPMEPF(Method):
             "calibration": str(cfg.calibration), "sensitivity": 1.0,
         }
         if budget.private:
-            shares = split_budget(epsilon=budget.epsilon, delta=budget.delta, fractions=fractions)
+            plan = calibrate_releases(epsilon=budget.epsilon, delta=budget.delta, fractions=fractions,
+                                      calibration=str(cfg.calibration), what="method.budget_split")
+            shares = {k: (r.epsilon, r.delta) for k, r in plan.items()}
             rng = dp_numpy_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed)
-            sigma = {k: gaussian_sigma(epsilon=e, delta=d, sensitivity=1.0, calibration=str(cfg.calibration))
-                     for k, (e, d) in shares.items()}
+            sigma = {k: r.sigma for k, r in plan.items()}
             if "counts" in sigma:
                 noisy = gaussian_mechanism(counts, sigma["counts"], generator=rng)
                 n_used = np.maximum(noisy, 1.0)

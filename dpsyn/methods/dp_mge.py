@@ -47,7 +47,6 @@ text (its appendix and code were not available), not a port of the authors' code
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,8 +69,8 @@ from dpsyn.privacy import (
     PrivacyEvent,
     PrivacyLedger,
     dp_numpy_generator,
+    calibrate_releases,
     gaussian_mechanism,
-    gaussian_sigma,
 )
 
 log = logging.getLogger(__name__)
@@ -132,6 +131,7 @@ def plan_releases(
     ``second_moment`` the rest. ``classic``: release k is ``(share_k eps, share_k delta)``-DP with the paper's sigma
     (basic composition adds up to at most (eps, delta)). ``analytic``: sigma = Balle-Wang noise for (eps, delta) at
     sensitivity 1 and ``sigma_k = sigma / sqrt(share_k)``, so that the releases compose (GDP) to exactly that noise.
+    Both are :func:`dpsyn.privacy.calibrate_releases` (composition "basic" and "gdp").
 
     Args:
         epsilon: the total budget, finite and > 0.
@@ -156,18 +156,9 @@ def plan_releases(
     shares = {"mean": rest * float(mean_share), "second_moment": rest * (1.0 - float(mean_share))}
     if count_share > 0:
         shares["counts"] = float(count_share)
-    if calibration == "analytic":
-        sigma = gaussian_sigma(epsilon=epsilon, delta=delta, sensitivity=1.0, calibration="analytic")
-        return {k: GaussianRelease(k, sigma / math.sqrt(f), f, "analytic") for k, f in shares.items()}
-    deltas = {k: f * delta for k, f in shares.items()}
-    while math.fsum(deltas.values()) > delta:  # rounding must not let basic composition exceed delta
-        deltas = {k: math.nextafter(d, 0.0) for k, d in deltas.items()}
-    out = {}
-    for k, f in shares.items():
-        eps_k = f * epsilon
-        sigma = gaussian_sigma(epsilon=eps_k, delta=deltas[k], sensitivity=1.0, calibration="classic")
-        out[k] = GaussianRelease(k, sigma, f, "classic", eps_k, deltas[k])
-    return out
+    plan = calibrate_releases(epsilon=epsilon, delta=delta, fractions=shares, calibration=calibration,
+                              composition="gdp" if calibration == "analytic" else "basic")
+    return {k: GaussianRelease(k, r.sigma, r.share, r.calibration, r.epsilon, r.delta) for k, r in plan.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -69,20 +69,23 @@ from dpsyn.methods.g_pate import _device, _positive_float, _positive_int, capped
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
 from dpsyn.privacy import (
+    REPLACE_ONE_SENSITIVITY_FACTOR,
     NonPrivateEvent,
     PrivacyLedger,
     SampledGaussianEvent,
     dp_generator,
-    gaussian_mechanism,
     dpsgd_noise_multiplier,
+    gaussian_mechanism,
+    replace_one_noise_std,
 )
 from dpsyn.results.io import atomic_torch_save
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "gs_wgan.pt"
-SENSITIVITY_FACTOR = 2.0
-"""Two clipped per-sample gradients (of two critics that differ in one partition) differ by at most 2C."""
+SENSITIVITY_FACTOR = REPLACE_ONE_SENSITIVITY_FACTOR
+"""Two clipped per-sample gradients (of two critics that differ in one partition) differ by at most 2C
+(:data:`dpsyn.privacy.REPLACE_ONE_SENSITIVITY_FACTOR`)."""
 SAMPLING_NOTE = "sampling: one of K critics per step (GS-WGAN's analysis)"
 
 
@@ -131,11 +134,11 @@ def gs_wgan_sigma(
     """Noise std ``sigma`` (in units of C) that keeps ``iterations`` generator iterations within (epsilon, delta).
 
     ``iterations * batch_size`` Gaussian releases of sensitivity 2C, subsampled at rate 1/critics (GS-WGAN's
-    analysis): ``sigma = 2 * dpsgd_noise_multiplier(...)``.
+    analysis): ``sigma = replace_one_noise_std(dpsgd_noise_multiplier(...)) = 2 * dpsgd_noise_multiplier(...)``.
     """
     nm = dpsgd_noise_multiplier(epsilon=epsilon, delta=delta, sample_rate=1.0 / critics,
                                 steps=iterations * batch_size, accountant=accountant)
-    return SENSITIVITY_FACTOR * nm
+    return replace_one_noise_std(nm)
 
 
 def generator_step(

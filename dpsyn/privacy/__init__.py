@@ -3,6 +3,8 @@
 Public API (keyword-only arguments, Opacus's names):
 
 * :func:`gaussian_sigma` — Gaussian mechanism calibration ("classic" paper-000 formula or "analytic" Balle & Wang).
+* :func:`split_budget` / :func:`calibrate_releases` — a budget split between Gaussian releases and each one's sigma
+  (dp_mge, dp_mepf); :func:`replace_one_noise_std` — the 2C sensitivity of replace-one releases (gs_wgan).
 * :func:`gdp_epsilon` / :func:`gdp_noise_multiplier` — T adaptive Gaussian releases, exact mu-GDP (PE's accounting).
 * :func:`dpsgd_epsilon` / :func:`dpsgd_noise_multiplier` — DP-SGD over Opacus's accountants (:data:`ACCOUNTANTS`).
 * :func:`pate_epsilon` / :func:`pate_privacy` — Confident-GNMax RDP (PATE 2018), data-dependent or not;
@@ -20,6 +22,14 @@ The inverse functions never return a noise level whose epsilon exceeds the targe
 neither torch nor Opacus; they are imported where first needed.
 """
 
+from dpsyn.privacy.budget import (
+    COMPOSITIONS,
+    REPLACE_ONE_SENSITIVITY_FACTOR,
+    CalibratedRelease,
+    calibrate_releases,
+    replace_one_noise_std,
+    split_budget,
+)
 from dpsyn.privacy.dpsgd import ACCOUNTANTS, dpsgd_epsilon, dpsgd_noise_multiplier
 from dpsyn.privacy.gaussian import (
     CALIBRATIONS,
@@ -75,10 +85,13 @@ from dpsyn.privacy.pate import (
 __all__ = [
     "ACCOUNTANTS",
     "CALIBRATIONS",
+    "COMPOSITIONS",
     "PATE_BOUNDS",
     "PATE_RELEASES",
+    "REPLACE_ONE_SENSITIVITY_FACTOR",
     "ApproxDPEvent",
     "BudgetExceededError",
+    "CalibratedRelease",
     "GaussianEvent",
     "NonPrivateEvent",
     "PATEEvent",
@@ -87,6 +100,7 @@ __all__ = [
     "PrivacyEvent",
     "PrivacyLedger",
     "SampledGaussianEvent",
+    "calibrate_releases",
     "check_smooth_sensitivity_conditions",
     "confident_gnmax",
     "confident_gnmax_rdp",
@@ -120,7 +134,9 @@ __all__ = [
     "pate_privacy",
     "pate_smooth_release",
     "rdp_to_epsilon",
+    "replace_one_noise_std",
     "smooth_sensitivity",
+    "split_budget",
     "threshold_local_sensitivity",
     "threshold_logpr_answered",
     "threshold_rdp",
