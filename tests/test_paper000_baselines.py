@@ -37,7 +37,7 @@ def _run(make_cfg, tmp_path: Path, method: str, *over: str) -> dict[str, Any]:
 
 
 def test_split_budget_never_exceeds_the_totals_and_rejects_bad_fractions() -> None:
-    from dpsyn.methods.dp_mepf import split_budget
+    from dpsyn.privacy import split_budget  # dp_mepf's split, now dpsyn.privacy's (dp_mge's too)
 
     shares = split_budget(epsilon=1.0, delta=1e-5, fractions={"m1": 0.45, "m2": 0.45, "counts": 0.1})
     assert math.fsum(e for e, _ in shares.values()) <= 1.0

@@ -54,7 +54,6 @@ from dpsyn.privacy import (
     calibrate_releases,
     dp_numpy_generator,
     gaussian_mechanism,
-    split_budget,
 )
 from dpsyn.public import clip_to_unit_ball
 
