@@ -111,12 +111,13 @@ def _base_types(hint: Any) -> tuple:
 
 
 def _item_hint(hint: Any) -> Any:
-    for h in _base_types(hint):
-        if typing.get_origin(h) in (list, typing.List) or h in (list,):
+    """``List[int]`` or ``Optional[List[int]]`` -> int."""
+    candidates = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)
+    for h in candidates:
+        if typing.get_origin(h) is list:
             args = typing.get_args(h)
             return args[0] if args else Any
-    args = typing.get_args(hint)
-    return args[0] if args else Any
+    return Any
 
 
 def _walk(node: Any, schema: type, prefix: str) -> None:
