@@ -128,6 +128,32 @@ def test_method_facts_and_schemas_agree_with_the_methods() -> None:
     assert tuple(fields["teacher_arch"].metadata["choices"]) == tuple(TEACHER_ARCHS)
 
 
+def test_schema_choices_match_the_methods_constants() -> None:
+    from dpsyn.config import schema
+    from dpsyn.methods.dp_mepf import COUNTS, MOMENTS
+    from dpsyn.methods.dp_mge import CLASS_COUNTS
+    from dpsyn.methods.pe.api import BACKENDS, CONDITIONS
+    from dpsyn.methods.pe.histogram import BACKENDS as KNN_BACKENDS
+    from dpsyn.methods.pe.histogram import SELECTIONS
+    from dpsyn.methods.pe.method import CLASS_PROPORTIONS, EMBEDDINGS
+    from dpsyn.methods.public_baselines import OTHER_CLASSES
+    from dpsyn.privacy import CALIBRATIONS
+
+    def choices(cls: type, name: str) -> set:
+        return set(cls.__dataclass_fields__[name].metadata["choices"])
+
+    assert choices(schema.DPMEPFSchema, "moments") == set(MOMENTS)
+    assert choices(schema.DPMEPFSchema, "class_counts") == set(COUNTS)
+    assert choices(schema.DPMGESchema, "class_counts") == set(CLASS_COUNTS)
+    assert choices(schema.DPMGESchema, "calibration") == set(CALIBRATIONS)
+    pe = {"backend": BACKENDS, "condition": CONDITIONS, "knn_backend": KNN_BACKENDS, "selection": SELECTIONS,
+          "class_proportions": CLASS_PROPORTIONS, "embedding": EMBEDDINGS, "other_classes": OTHER_CLASSES}
+    for name, allowed in pe.items():
+        assert choices(schema.PESchema, name) == set(allowed), name
+    for cls in (schema.DPDRESchema, schema.PublicUniformSchema):
+        assert choices(cls, "other_classes") == set(OTHER_CLASSES)
+
+
 # ---- fingerprints ------------------------------------------------------------------------------------------------
 
 

@@ -120,7 +120,7 @@ def _item_hint(hint: Any) -> Any:
     return Any
 
 
-def _walk(node: Any, schema: type, prefix: str) -> None:
+def _walk(node: Any, schema: type, prefix: str, root: Any = None) -> None:
     from omegaconf import DictConfig, ListConfig
 
     hints = typing.get_type_hints(schema)
@@ -132,7 +132,7 @@ def _walk(node: Any, schema: type, prefix: str) -> None:
         hint = hints.get(fld.name, Any)
         sub = [t for t in _base_types(hint) if dataclasses.is_dataclass(t)]
         if sub and isinstance(value, DictConfig):
-            _walk(value, sub[0], key)
+            _walk(value, sub[0], key, root)
             continue
         rules = dict(fld.metadata)
         if value is None or not rules:
@@ -151,7 +151,7 @@ def _walk(node: Any, schema: type, prefix: str) -> None:
             continue
         _check_value(key, value, rules, hint)
     try:
-        schema().check(node) if hasattr(schema, "check") else None
+        schema().check(node, root) if hasattr(schema, "check") else None
     except SchemaError as e:
         raise ConfigError(f"{prefix}.{e.key}={_fmt(e.value)}: {e.allowed}") from None
 
@@ -168,7 +168,7 @@ def validate(cfg: Any, groups: tuple[str, ...] = VALIDATED_GROUPS) -> None:
             continue
         schema = schema_of(node, group)
         if schema is not None:
-            _walk(node, schema, group)
+            _walk(node, schema, group, cfg)
 
 
 # ---- fingerprints and PATE noise ------------------------------------------------------------------------------

@@ -52,8 +52,9 @@ class MethodSchema:
 
     name: str = "???"
 
-    def check(self, node: Any) -> None:  # noqa: B027  (no rule by default)
-        """Cross-field rules on the composed ``node`` (DictConfig); raise :class:`SchemaError`."""
+    def check(self, node: Any, root: Any = None) -> None:  # noqa: B027  (no rule by default)
+        """Cross-field rules on the composed ``node`` (DictConfig; ``root``: the whole config, when there is one);
+        raise :class:`SchemaError`."""
 
 
 @dataclass
@@ -166,16 +167,17 @@ class DPMEPFSchema(MethodSchema):
     pretrain_steps: int = f(0, **NON_NEGATIVE)
     max_public: Optional[int] = f(10000, **POSITIVE)
 
-    def check(self, node: Any) -> None:
+    def check(self, node: Any, root: Any = None) -> None:
+        if root is not None and math.isinf(float(root.get("eps", 1.0))):
+            return  # a non-private run makes no release: the split is not used
         split = node.budget_split
-        made = {"m1": True, "m2": node.moments == "m1_and_m2", "counts": bool(node.class_conditional)
-                and node.class_counts == "dp"}
+        made = {"m1": True, "m2": node.moments == "m1_and_m2", "counts": node.class_counts == "dp"}
         for key, is_made in made.items():
             if is_made and not split[key] > 0:
                 raise SchemaError(f"budget_split.{key}", split[key], "every release made needs a fraction > 0")
             if not is_made and split[key] != 0:
                 raise SchemaError(f"budget_split.{key}", split[key], "must be 0: that release is not made "
-                                  "(moments=m1, class_counts=public or class_conditional=false)")
+                                  "(moments=m1 or class_counts=public)")
         total = sum(float(split[k]) for k, is_made in made.items() if is_made)
         if abs(total - 1.0) > 1e-9:
             raise SchemaError("budget_split", dict(split), f"the fractions of the releases made must sum to 1, "
@@ -196,7 +198,7 @@ class PATENoiseSchema(MethodSchema):
     sigma_ratio: Optional[float] = f(None, **GT0)
     threshold_ratio: Optional[float] = f(None, ge=0, le=1)
 
-    def check(self, node: Any) -> None:
+    def check(self, node: Any, root: Any = None) -> None:
         from dpsyn.config import resolve_pate_noise
 
         for key in ("sigma_threshold", "sigma", "threshold"):
@@ -351,7 +353,7 @@ class PrivGANSchema(MethodSchema):
     attack: AttackSchema = field(default_factory=AttackSchema)
     mode: str = f("single", choices=("single", "decentralized"))
 
-    def check(self, node: Any) -> None:
+    def check(self, node: Any, root: Any = None) -> None:
         owners = [float(x) for x in node.owners]
         if sum(owners) > 1 + 1e-9:
             raise SchemaError("owners", owners, "each fraction must lie in (0, 1] and their sum <= 1")
@@ -404,7 +406,7 @@ class DatasetSchema:
     n_private: Optional[int] = f(None, **POSITIVE)
     download: bool = False
 
-    def check(self, node: Any) -> None:
+    def check(self, node: Any, root: Any = None) -> None:
         if node.kind == "image" and (node.resolution is None or node.channels is None):
             raise SchemaError("resolution" if node.resolution is None else "channels", None,
                               "an image dataset needs a resolution and a channel count")
