@@ -545,8 +545,8 @@ class EmbeddedPublicSchema:
     n_public: Optional[int] = f(None, **POSITIVE)
     encoder: Dict[str, Any] = field(default_factory=dict)
     generator: Dict[str, Any] = field(default_factory=dict)
-    quality: Dict[str, Any] = field(default_factory=dict)
-    diffusion: Dict[str, Any] = field(default_factory=dict)
+    quality: Optional[Dict[str, Any]] = None
+    diffusion: Optional[Dict[str, Any]] = None   # PE's models; null = none (pretrain diffusion=true refuses)
 
 
 @dataclass
@@ -557,7 +557,7 @@ class RealPublicSchema:
     kind: str = f("real", choices=("real",))
     encoder: Dict[str, Any] = field(default_factory=dict)
     generator: Dict[str, Any] = field(default_factory=dict)
-    diffusion: Dict[str, Any] = field(default_factory=dict)
+    diffusion: Optional[Dict[str, Any]] = None
 
 
 PUBLIC_SCHEMAS: Dict[str, type] = {"embedded": EmbeddedPublicSchema, "real": RealPublicSchema}
