@@ -150,8 +150,10 @@ def _walk(node: Any, schema: type, prefix: str, root: Any = None) -> None:
                     raise ConfigError(f"{key}={_fmt(value)}: each item {what}") from None
             continue
         _check_value(key, value, rules, hint)
+    if not hasattr(schema, "check"):  # a nested block (budget_split, attack, ...): ranges only
+        return
     try:
-        schema().check(node, root) if hasattr(schema, "check") else None
+        schema().check(node, root)
     except SchemaError as e:
         raise ConfigError(f"{prefix}.{e.key}={_fmt(e.value)}: {e.allowed}") from None
 
