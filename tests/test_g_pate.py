@@ -266,12 +266,11 @@ def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, 
 
 
 def test_g_pate_config_errors_name_the_key(make_cfg) -> None:
-    from dpsyn.methods import METHODS, RunContext
+    # checked at compose time by the schema (dpsyn.config.schema.GPATESchema), before any data is loaded
+    from dpsyn.cli.config_check import ConfigError, check_composed
 
-    ctx = RunContext(seed=0, deterministic_noise=True, accountant="rdp", kind="image", shape=(1, 28, 28),
-                     num_classes=10, classes=[str(i) for i in range(10)])
     for override, key in (("method.bound=smooth", "method.bound"), ("method.teachers=0", "method.teachers"),
                           ("method.teacher_arch=resnet", "method.teacher_arch"), ("method.clip=-1", "method.clip")):
         cfg = make_cfg("method=g_pate", override)
-        with pytest.raises(ValueError, match=key):
-            METHODS.get("g_pate")(cfg.method, ctx)
+        with pytest.raises(ConfigError, match=key):
+            check_composed(cfg)

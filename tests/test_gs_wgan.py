@@ -249,15 +249,15 @@ def test_gs_wgan_runs_end_to_end_and_resumes_without_charging_twice(make_cfg, tm
         run(make_cfg(*over, "method.clip=0.5"), tmp_path / "run")
 
 
-def test_gs_wgan_config_errors_name_the_key(make_cfg) -> None:
-    from dpsyn.methods import METHODS
+def test_gs_wgan_config_errors_name_the_key() -> None:
+    # checked at compose time by the schema (dpsyn.config.schema.GSWGANSchema), before any data is loaded
+    from dpsyn.cli.config_check import ConfigError, preflight
 
     for override, key in (("method.critics=0", "method.critics"), ("method.clip=-1", "method.clip"),
                           ("method.ema=1", "method.ema"), ("method.drift=-0.1", "method.drift"),
                           ("method.critic_steps=1.5", "method.critic_steps")):
-        cfg = make_cfg("method=gs_wgan", override)
-        with pytest.raises(ValueError, match=key):
-            METHODS.get("gs_wgan")(cfg.method, _ctx())
+        with pytest.raises(ConfigError, match=key):
+            preflight(["method=gs_wgan", override])
 
 
 def test_a_private_run_publishes_neither_the_critic_drawn_nor_its_w_estimate(make_cfg, tmp_path, caplog) -> None:

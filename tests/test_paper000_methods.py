@@ -280,14 +280,13 @@ def test_each_method_runs_end_to_end_on_fmnist_shoes(make_cfg, tmp_path: Path, m
 
 
 def test_methods_refuse_bad_choices() -> None:
-    from dpsyn.methods.dp_dre import DPDRE
+    # checked at compose time by the schemas (dpsyn.config.schema), before any data is loaded
+    from dpsyn.cli.config_check import ConfigError, preflight
 
-    cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / "method" / "dp_mge.yaml"), {"calibration": "tight"})
-    with pytest.raises(ValueError, match="method.calibration='tight'.*allowed: classic, analytic"):
-        DPMGE(cfg, _ctx())
-    cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / "method" / "dp_dre.yaml"), {"other_classes": "drop"})
-    with pytest.raises(ValueError, match="method.other_classes='drop'.*allowed: nearest, exclude"):
-        DPDRE(cfg, _ctx())
+    with pytest.raises(ConfigError, match="method.calibration=tight: allowed: classic, analytic"):
+        preflight(["method=dp_mge", "dataset=fmnist_all", "method.calibration=tight"])
+    with pytest.raises(ConfigError, match="method.other_classes=drop: allowed: nearest, exclude"):
+        preflight(["method=dp_dre", "dataset=fmnist_all", "method.other_classes=drop"])
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")

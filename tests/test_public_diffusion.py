@@ -527,6 +527,6 @@ def test_pretrain_command_trains_the_diffusion_model_when_asked(tmp_path: Path, 
 
     cfg = composed("diffusion=true")
     with open_dict(cfg):
-        del cfg.public["diffusion"]
+        cfg.public.diffusion = None  # a typed node keeps its fields: a public config without one has it null
     with pytest.raises(ValueError, match="has no diffusion section"):
         pretrain_mod.pretrain(cfg)

@@ -1,7 +1,9 @@
 """Config checks that run before any work and fail in one line naming the key and the allowed values.
 
-Hydra itself rejects unknown keys (struct mode); these add what Hydra cannot know: the registered methods and
-datasets, the privacy parameters' ranges, and which methods need a dataset with public data.
+Hydra itself rejects unknown keys and wrong types (each group's yaml extends its typed schema, dpsyn.config);
+these add what Hydra cannot know: the registered methods and datasets, the ranges and cross-field rules the schemas
+declare (:func:`dpsyn.config.validate`), and which methods need a dataset with public data. Nothing here imports
+torch (the facts about methods come from dpsyn.config.schema).
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from dpsyn.config import ACCOUNTANTS, METHOD_FACTS, ConfigError, hydra_error_line, validate
 from dpsyn.paths import CONF_DIR
 
-
-class ConfigError(ValueError):
-    """A configuration mistake; ``str(err)`` is the one line the user sees."""
+__all__ = ["ConfigError", "check_composed", "check_delta", "check_eps", "group_options", "preflight"]
 
 
 GROUPS = ("method", "dataset", "privacy", "metrics", "trainer", "logger", "paths", "experiment")
@@ -59,13 +60,12 @@ def check_delta(value: Any, n_private: int | None = None) -> float:
 
 
 def check_composed(cfg: Any) -> None:
-    """Checks on a composed config (single run or one job of a sweep)."""
+    """Checks on a composed config (single run or one job of a sweep): names, eps and delta, the schemas' ranges and
+    cross-field rules, and the method's dataset kinds and public data."""
     from dpsyn.data import DATASETS
-    from dpsyn.methods import METHODS
-    from dpsyn.privacy import ACCOUNTANTS
 
-    if cfg.method.name not in METHODS:
-        raise ConfigError(f"method={cfg.method.name}: unknown method; allowed: {', '.join(METHODS.names())}")
+    if cfg.method.name not in METHOD_FACTS:
+        raise ConfigError(f"method={cfg.method.name}: unknown method; allowed: {', '.join(sorted(METHOD_FACTS))}")
     if cfg.dataset.name not in DATASETS:
         raise ConfigError(f"dataset={cfg.dataset.name}: unknown dataset; allowed: {', '.join(DATASETS.names())}")
     check_eps(cfg.eps)
@@ -74,16 +74,17 @@ def check_composed(cfg: Any) -> None:
         raise ConfigError(
             f"privacy.accountant={cfg.privacy.accountant}: unknown accountant; allowed: {', '.join(ACCOUNTANTS)}"
         )
-    method_cls = METHODS.get(cfg.method.name)
-    if method_cls.needs_public and not cfg.dataset.get("public"):
+    validate(cfg)
+    facts = METHOD_FACTS[cfg.method.name]
+    if facts.needs_public and not cfg.dataset.get("public"):
         raise ConfigError(
             f"dataset={cfg.dataset.name}: method {cfg.method.name} needs public data and this dataset has none; "
             f"allowed: {', '.join(datasets_with_public())}"
         )
-    if cfg.dataset.kind not in method_cls.kinds:
-        allowed = [d for d in group_options("dataset") if OmegaConf.load(CONF_DIR / "dataset" / f"{d}.yaml").kind in method_cls.kinds]
+    if cfg.dataset.kind not in facts.kinds:
+        allowed = [d for d in group_options("dataset") if OmegaConf.load(CONF_DIR / "dataset" / f"{d}.yaml").kind in facts.kinds]
         raise ConfigError(
-            f"dataset={cfg.dataset.name}: method {cfg.method.name} supports {'/'.join(method_cls.kinds)} data "
+            f"dataset={cfg.dataset.name}: method {cfg.method.name} supports {'/'.join(facts.kinds)} data "
             f"only; allowed: {', '.join(allowed)}"
         )
 
@@ -101,8 +102,9 @@ def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
     """Check the command line before Hydra starts any job (so a sweep fails before its first run).
 
     The sweep is the command line's swept values plus, with ``-m``, those of ``hydra.sweeper.params`` (set by
-    experiment files) that the command line does not override. Every combination of the swept ``method`` and
-    ``dataset`` values is composed and checked; other swept keys are checked value by value.
+    experiment files) that the command line does not override. Every combination of the swept values (``eps`` and
+    ``seed`` aside, checked value by value) is composed and checked (:func:`check_composed`), so a bad value fails
+    before the first job.
 
     Raises:
         ConfigError: the first mistake found, as one line.
@@ -123,29 +125,49 @@ def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
                 try:
                     base = compose(config_name="train", overrides=fixed, return_hydra_config=True)
                 except HydraException as e:
-                    raise ConfigError(_first_line(e)) from None
+                    raise ConfigError(hydra_error_line(e)) from None
                 params = base.hydra.sweeper.get("params") or {}
                 swept = [f"{k}={v}" for k, v in params.items() if str(k) not in combos and not _overridden(k, fixed)]
                 fixed = fixed + _check_overrides(swept, combos, conf_dir)
-            names = list(combos)
-            for choice in itertools.product(*(combos[k] for k in names)):
-                extra = [f"{k}={v}" for k, v in zip(names, choice)]
+            # swept groups (method, dataset, ...) are composed per combination; swept plain keys are then set on
+            # a copy of each composed config (typed: a wrong type fails as in a compose), which is much faster
+            groups = [k for k in combos if not _plain_key(k)]
+            plain = [k for k in combos if _plain_key(k)]
+            for choice in itertools.product(*(combos[k] for k in groups)):
+                extra = [f"{k}={v}" for k, v in zip(groups, choice)]
                 try:
-                    cfg = compose(config_name="train", overrides=fixed + extra)
+                    composed = compose(config_name="train", overrides=fixed + extra)
                 except HydraException as e:
-                    raise ConfigError(_first_line(e)) from None
-                check_composed(cfg)
+                    raise ConfigError(hydra_error_line(e)) from None
+                for values in itertools.product(*(combos[k] for k in plain)):
+                    cfg = composed.copy() if plain else composed
+                    for key, value in zip(plain, values):
+                        try:
+                            OmegaConf.update(cfg, key, value, merge=False)
+                        except Exception as e:  # noqa: BLE001  (OmegaConf's type and key errors)
+                            raise ConfigError(hydra_error_line(e)) from None
+                    check_composed(cfg)
     finally:
         GlobalHydra.instance().clear()
+
+
+def _plain_key(name: str) -> bool:
+    """A swept key that is set on a composed config (``method.teachers``, ``f0``), not a config group choice."""
+    return name not in GROUPS and not name.startswith(("+", "~", "hydra")) and "/" not in name and "@" not in name
 
 
 def _overridden(key: str, overrides: Sequence[str]) -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == str(key) for o in overrides)
 
 
+# swept keys checked value by value here, not composed once per value (they enter no cross-field rule)
+_VALUE_BY_VALUE = ("eps", "seed", "skip_existing", "experiment_name", "profile")
+
+
 def _check_overrides(args: list[str], combos: dict[str, list[Any]], conf_dir: Path) -> list[str]:
-    """Check override strings value by value; record swept method/dataset in ``combos``; return the others
-    (each sweep replaced by its first value) for composition."""
+    """Check override strings value by value; record swept method/dataset and other swept keys in ``combos``
+    (composed and validated for every combination); return the others (a sweep of eps or seed replaced by its first
+    value) for composition."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -172,6 +194,8 @@ def _check_overrides(args: list[str], combos: dict[str, list[Any]], conf_dir: Pa
                 check_delta(v)
         if key in ("method", "dataset"):
             combos[key] = values
+        elif o.is_sweep_override() and key not in _VALUE_BY_VALUE:  # every swept value is composed and validated
+            combos[text.split("=", 1)[0]] = values
         elif o.is_sweep_override():
             fixed.append(f"{text.split('=', 1)[0]}={values[0]}")
         else:

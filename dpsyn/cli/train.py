@@ -76,11 +76,14 @@ FITTED_STATE_VERSION = 1
 
 def fit_fingerprint(cfg: DictConfig, delta: float) -> dict[str, Any]:
     """What a fitted state depends on: the method's, dataset's, privacy and trainer settings, eps, delta, seed and
-    the public models. The sampling and metric settings are not in it (sampling and scoring are post-processing)."""
+    the public models. The sampling and metric settings are not in it (sampling and scoring are post-processing).
+    Each group counts with every field of its typed schema (:func:`dpsyn.config.fingerprint`), so a new
+    hyperparameter cannot be missed."""
+    from dpsyn.config import fingerprint
 
     def node(key: str) -> Any:
         value = cfg.get(key)
-        return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+        return fingerprint(value, key) if isinstance(value, DictConfig) else value
 
     return json.loads(json.dumps({
         "method": node("method"), "dataset": node("dataset"), "eps": float(cfg.eps), "delta": float(delta),

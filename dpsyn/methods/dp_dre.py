@@ -49,11 +49,8 @@ from dpsyn.data.base import Split
 from dpsyn.lit.dpsgd import calibrate_dpsgd, charge_dpsgd, dp_optimizer, poisson_mask
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, RunContext, Samples
 from dpsyn.methods.public_baselines import (
-    OTHER_CLASSES,
     build_public_pool,
-    check_choice,
     decode_seeded,
-    optional_positive_int,
 )
 from dpsyn.privacy import PrivacyLedger, dp_generator
 
@@ -229,14 +226,9 @@ class DPDRE(Method):
 
     def __init__(self, cfg: Any, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        self.other_classes = check_choice(cfg, "other_classes", OTHER_CLASSES, "dp_dre")
-        self.public_pool = optional_positive_int(cfg, "public_pool", "dp_dre")
-        for key in ("hidden", "epochs", "batch_size"):
-            if optional_positive_int(cfg, key, "dp_dre") is None:
-                raise ValueError(f"method.{key} must be a positive integer for method dp_dre")
-        self.public_batch_size = optional_positive_int(cfg, "public_batch_size", "dp_dre") or int(cfg.batch_size)
-        if not float(cfg.max_grad_norm) > 0 or not float(cfg.lr) > 0:
-            raise ValueError("method.max_grad_norm and method.lr must be > 0 for method dp_dre")
+        self.other_classes = str(cfg.other_classes)  # the ranges: checked at compose time (dpsyn.config.schema)
+        self.public_pool = cfg.get("public_pool")
+        self.public_batch_size = cfg.get("public_batch_size") or int(cfg.batch_size)
 
     def fit(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None

@@ -60,8 +60,6 @@ def public_subsample(public: Split, n: int | None, seed: int) -> Split:
     """A seeded subsample of ``n`` public rows (all when ``n`` is None or not smaller than the split)."""
     if n is None or n >= len(public):
         return public
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"method.max_public={n!r} must be null or a positive integer")
     rows = np.sort(np.random.default_rng(seed).choice(len(public), size=n, replace=False))
     return Split(public.x[rows], public.y[rows], public.index[rows] if public.index is not None else None)
 

@@ -219,15 +219,6 @@ class DPMEPF(Method):
     kinds = ("image",)
     fitted_attrs = ("release", "train_log", "G", "conditional")
 
-    def _check(self) -> None:
-        cfg = self.cfg
-        if cfg.moments not in MOMENTS:
-            raise ValueError(f"method.moments={cfg.moments!r}; allowed: {', '.join(MOMENTS)}")
-        if cfg.class_counts not in COUNTS:
-            raise ValueError(f"method.class_counts={cfg.class_counts!r}; allowed: {', '.join(COUNTS)}")
-        if int(cfg.batch_size) < 1 or int(cfg.steps) < 0 or int(cfg.pretrain_steps) < 0:
-            raise ValueError("method.batch_size must be >= 1, method.steps and method.pretrain_steps >= 0")
-
     def _features(self, phi: PerceptualFeatures, x: np.ndarray, device: torch.device, batch: int = 256
                   ) -> Iterator[np.ndarray]:
         phi.to(device)
@@ -255,7 +246,6 @@ class DPMEPF(Method):
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
     ) -> None:
         cfg, ctx = self.cfg, self.ctx
-        self._check()
         torch.manual_seed(ctx.seed)
         device = _device(ctx)
         models = self.public_models()

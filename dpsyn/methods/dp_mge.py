@@ -56,7 +56,6 @@ from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, RunContext, Samples
 from dpsyn.methods.public_baselines import (
     centroid_labels,
-    check_choice,
     decode_seeded,
     private_label_map,
     public_class_names,
@@ -266,8 +265,8 @@ class DPMGE(Method):
 
     def __init__(self, cfg: Any, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        self.calibration = check_choice(cfg, "calibration", CALIBRATIONS, "dp_mge")
-        self.class_counts = check_choice(cfg, "class_counts", CLASS_COUNTS, "dp_mge")
+        self.calibration = str(cfg.calibration)  # checked at compose time (dpsyn.config.schema.DPMGESchema)
+        self.class_counts = str(cfg.class_counts)
         self.conditional = bool(cfg.get("conditional", False))
         self.mean_share = float(cfg.get("mean_share", 0.5))
         # only the class-conditional option releases counts (n itself is public, see the module docstring)

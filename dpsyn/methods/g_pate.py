@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpsyn.config import PATE_NOISE_KEYS, resolve_pate_noise
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
@@ -58,7 +59,6 @@ from dpsyn.nets.ensemble import (
 )
 from dpsyn.nets.mlp_gan import CondMLPGenerator
 from dpsyn.privacy import (
-    PATE_BOUNDS,
     NonPrivateEvent,
     PATEEvent,
     PrivacyLedger,
@@ -188,27 +188,6 @@ def _device(ctx: Any) -> torch.device:
     return torch.device("cuda" if acc in ("gpu", "cuda", "auto") and torch.cuda.is_available() else "cpu")
 
 
-def _positive_int(cfg: Any, key: str, minimum: int = 1) -> int:
-    v = cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"method.{key}={v!r}: must be an integer >= {minimum}")
-    return int(v)
-
-
-def _optional_positive_int(cfg: Any, key: str, null_means: str) -> int | None:
-    v = cfg.get(key)
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-        raise ValueError(f"method.{key}={v!r}: must be null ({null_means}) or >= 1")
-    return v
-
-
-def _positive_float(cfg: Any, key: str) -> float:
-    v = cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < float(v) < math.inf:
-        raise ValueError(f"method.{key}={v!r}: must be a number > 0")
-    return float(v)
-
-
 def capped_steps(steps: int, trainer: Any) -> int:
     """``steps``, capped by an integer ``trainer.limit_train_batches`` (``trainer=debug``: 5), for methods with their
     own training loop."""
@@ -238,37 +217,21 @@ def load_resumable(ckpt: Path | None, fingerprint: dict[str, Any]) -> dict[str, 
 def check_pate_hyperparameters(
     cfg: Any, *, ints: tuple[str, ...], floats: tuple[str, ...], hidden: tuple[str, ...]
 ) -> dict[str, Any]:
-    """The hyperparameters G-PATE and PATE-GAN share, checked before any work (one-line errors naming the key):
-    the integers ``ints`` (>= 1; ``checkpoint_every`` >= 0) and numbers ``floats`` (> 0), the Confident-GNMax
-    ``threshold``, Adam's ``beta1``, ``teacher_batch``, ``bound``, the layer-width lists ``hidden``,
+    """The hyperparameters G-PATE and PATE-GAN share (their ranges are checked at compose time by the schemas,
+    dpsyn.config.schema): the integers ``ints``, numbers ``floats``, the Confident-GNMax noise in votes
+    (``sigma_threshold``, ``sigma``, ``threshold``: :func:`dpsyn.config.resolve_pate_noise`, absolute or a ratio to
+    the teachers), Adam's ``beta1``, ``teacher_batch``, ``bound``, the layer-width lists ``hidden``,
     ``class_ratio_epsilon`` (tables), ``teacher_chunk`` and ``shuffle_partitions`` (as ``shuffle``)."""
-    hp: dict[str, Any] = {}
-    for key in ints:
-        hp[key] = _positive_int(cfg, key, minimum=0 if key == "checkpoint_every" else 1)
-    for key in floats:
-        hp[key] = _positive_float(cfg, key)
-    t = cfg.get("threshold")
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(float(t)):
-        raise ValueError(f"method.threshold={t!r}: must be a finite number (a vote count)")
-    hp["threshold"] = float(t)
-    b1 = cfg.get("beta1")
-    if isinstance(b1, bool) or not isinstance(b1, (int, float)) or not 0 <= float(b1) < 1:
-        raise ValueError(f"method.beta1={b1!r}: must lie in [0, 1)")
-    hp["beta1"] = float(b1)
-    hp["teacher_batch"] = _optional_positive_int(cfg, "teacher_batch", "min(batch_size, partition)")
-    if cfg.get("bound") not in PATE_BOUNDS:
-        raise ValueError(f"method.bound={cfg.get('bound')!r}; allowed: {', '.join(PATE_BOUNDS)}")
+    hp: dict[str, Any] = {key: int(cfg.get(key)) for key in ints}
+    hp.update({key: float(cfg.get(key)) for key in floats if key not in PATE_NOISE_KEYS})
+    hp.update(resolve_pate_noise(cfg))
+    hp["beta1"] = float(cfg.beta1)
+    hp["teacher_batch"] = cfg.get("teacher_batch")
     hp["bound"] = str(cfg.bound)
     for key in hidden:
-        widths = cfg.get(key)
-        if not widths or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in widths):
-            raise ValueError(f"method.{key}={widths!r}: must be a non-empty list of layer widths >= 1")
-        hp[key] = [int(h) for h in widths]
-    cre = cfg.get("class_ratio_epsilon")
-    if isinstance(cre, bool) or not isinstance(cre, (int, float)) or not 0 < float(cre) < math.inf:
-        raise ValueError(f"method.class_ratio_epsilon={cre!r}: must be a number > 0 (tables only)")
-    hp["class_ratio_epsilon"] = float(cre)
-    hp["teacher_chunk"] = _optional_positive_int(cfg, "teacher_chunk", "all teachers at once")
+        hp[key] = [int(h) for h in cfg.get(key)]
+    hp["class_ratio_epsilon"] = float(cfg.class_ratio_epsilon)
+    hp["teacher_chunk"] = cfg.get("teacher_chunk")
     hp["shuffle"] = bool(cfg.get("shuffle_partitions"))
     return hp
 
@@ -287,16 +250,12 @@ class GPATE(Method):
 
     @staticmethod
     def _check(cfg: Any) -> dict[str, Any]:
-        """Every hyperparameter, checked before any work (one-line errors naming the key and allowed values)."""
+        """Every hyperparameter (checked at compose time by the schema, dpsyn.config.schema.GPATESchema)."""
         hp = check_pate_hyperparameters(
             cfg, ints=("teachers", "steps", "batch_size", "projection_dim", "bins", "z_dim", "ngf", "ndf",
                        "teacher_steps", "checkpoint_every"),
             floats=("sigma_threshold", "sigma", "clip", "lr_g", "lr_d"), hidden=("d_hidden", "g_hidden"),
         )
-        if hp["bins"] < 2:
-            raise ValueError(f"method.bins={hp['bins']}: must be >= 2")
-        if cfg.get("teacher_arch") not in TEACHER_ARCHS:
-            raise ValueError(f"method.teacher_arch={cfg.get('teacher_arch')!r}; allowed: {', '.join(TEACHER_ARCHS)}")
         hp["teacher_arch"] = str(cfg.teacher_arch)
         return hp
 

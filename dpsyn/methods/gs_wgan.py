@@ -65,7 +65,7 @@ from torch.func import stack_module_state
 
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
-from dpsyn.methods.g_pate import _device, _positive_float, _positive_int, capped_steps
+from dpsyn.methods.g_pate import _device, capped_steps
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
 from dpsyn.privacy import (
@@ -343,24 +343,13 @@ class GSWGAN(Method):
 
     @staticmethod
     def _check(cfg: Any) -> dict[str, Any]:
-        """Every hyperparameter, checked before any work (one-line errors naming the key and allowed values)."""
+        """Every hyperparameter (checked at compose time by the schema, dpsyn.config.schema.GSWGANSchema)."""
         hp: dict[str, Any] = {}
         for key in ("critics", "iterations", "batch_size", "critic_steps", "z_dim", "ngf", "ndf", "checkpoint_every"):
-            hp[key] = _positive_int(cfg, key, minimum=0 if key == "checkpoint_every" else 1)
-        for key in ("clip", "gp_weight", "lr_g", "lr_d"):
-            hp[key] = _positive_float(cfg, key)
-        for key in ("beta1", "beta2", "ema"):
-            v = cfg.get(key)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= float(v) < 1:
-                raise ValueError(f"method.{key}={v!r}: must lie in [0, 1)")
-            hp[key] = float(v)
-        v = cfg.get("drift")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= float(v) < math.inf:
-            raise ValueError(f"method.drift={v!r}: must be a number >= 0")
-        hp["drift"] = float(v)
+            hp[key] = int(cfg.get(key))
+        for key in ("clip", "gp_weight", "lr_g", "lr_d", "beta1", "beta2", "ema", "drift"):
+            hp[key] = float(cfg.get(key))
         for key in ("clip_at_inf", "shuffle_partitions"):
-            if not isinstance(cfg.get(key), bool):
-                raise ValueError(f"method.{key}={cfg.get(key)!r}: must be true or false")
             hp[key] = bool(cfg.get(key))
         return hp
 

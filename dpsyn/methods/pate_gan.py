@@ -167,7 +167,8 @@ class PATEGAN(Method):
 
     @staticmethod
     def _check(cfg: Any, kind: str) -> dict[str, Any]:
-        """Every hyperparameter, checked before any work (one-line errors naming the key and allowed values)."""
+        """Every hyperparameter (ranges checked at compose time by the schema, dpsyn.config.schema.PATEGANSchema);
+        the teacher architecture against the data kind."""
         hp = check_pate_hyperparameters(
             cfg, ints=("teachers", "steps", "batch_size", "z_dim", "ngf", "ndf", "student_ndf", "teacher_steps",
                        "student_steps", "checkpoint_every"),

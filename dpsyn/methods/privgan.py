@@ -91,9 +91,7 @@ class PrivGAN(Method):
         from dpsyn.lit.privgan import owner_loaders
 
         cfg, ctx = self.cfg, self.ctx
-        mode = str(cfg.get("mode", "single"))
-        if mode not in ("single", "decentralized"):
-            raise ValueError(f"method.mode={mode}: unknown mode; allowed: single, decentralized")
+        mode = str(cfg.get("mode", "single"))  # single | decentralized (checked at compose time)
         L.seed_everything(ctx.seed, verbose=False)
         self.owner_idx = split_owners(private.y, self._fractions(), seed=ctx.seed)
         self.private = private

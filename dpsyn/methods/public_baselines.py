@@ -45,24 +45,6 @@ OTHER_CLASSES: tuple[str, ...] = ("nearest", "exclude")
 # config helpers
 
 
-def check_choice(cfg: Any, key: str, allowed: tuple[str, ...], method: str) -> str:
-    """``cfg[key]`` if it is one of ``allowed``, else a one-line ValueError naming the key and the allowed values."""
-    value = cfg.get(key)
-    if value not in allowed:
-        raise ValueError(f"method.{key}={value!r} for method {method}; allowed: {', '.join(allowed)}")
-    return str(value)
-
-
-def optional_positive_int(cfg: Any, key: str, method: str) -> int | None:
-    """``cfg[key]`` as an int > 0, or None when null; a one-line ValueError otherwise."""
-    value = cfg.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"method.{key}={value!r} for method {method}: must be a positive integer or null")
-    return int(value)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # public labels
 
@@ -252,8 +234,8 @@ class PublicUniform(Method):
 
     def __init__(self, cfg: Any, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        self.other_classes = check_choice(cfg, "other_classes", OTHER_CLASSES, "public_uniform")
-        self.public_pool = optional_positive_int(cfg, "public_pool", "public_uniform")
+        self.other_classes = str(cfg.other_classes)  # checked at compose time (dpsyn.config.schema)
+        self.public_pool = cfg.get("public_pool")
 
     def fit(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None

@@ -45,15 +45,11 @@ import torch
 
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, RunContext, Samples
-from dpsyn.methods.pe.api import BACKENDS, CONDITIONS, PEAPI, DiffusionAPI, ICGANAPI, Population, check_degree
-from dpsyn.methods.pe.histogram import BACKENDS as KNN_BACKENDS
-from dpsyn.methods.pe.histogram import SELECTIONS, dp_nn_histogram, select_parents
+from dpsyn.methods.pe.api import PEAPI, DiffusionAPI, ICGANAPI, Population
+from dpsyn.methods.pe.histogram import dp_nn_histogram, select_parents
 from dpsyn.methods.public_baselines import (
-    OTHER_CLASSES,
     build_public_pool,
     centroid_labels,
-    check_choice,
-    optional_positive_int,
     private_label_map,
     public_class_names,
 )
@@ -145,29 +141,21 @@ class PE(Method):
 
     def __init__(self, cfg: Any, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
-        self.backend = check_choice(cfg, "backend", BACKENDS, "pe")
-        self.embedding = check_choice(cfg, "embedding", EMBEDDINGS, "pe")
-        self.selection = check_choice(cfg, "selection", SELECTIONS, "pe")
-        self.knn_backend = check_choice(cfg, "knn_backend", KNN_BACKENDS, "pe")
-        self.condition = check_choice(cfg, "condition", CONDITIONS, "pe")
-        self.class_proportions = check_choice(cfg, "class_proportions", CLASS_PROPORTIONS, "pe")
-        self.other_classes = check_choice(cfg, "other_classes", OTHER_CLASSES, "pe")
+        # the choices and ranges are checked at compose time (dpsyn.config.schema.PESchema)
+        self.backend = str(cfg.backend)
+        self.embedding = str(cfg.embedding)
+        self.selection = str(cfg.selection)
+        self.knn_backend = str(cfg.knn_backend)
+        self.condition = str(cfg.condition)
+        self.class_proportions = str(cfg.class_proportions)
+        self.other_classes = str(cfg.other_classes)
         self.conditional = bool(cfg.conditional)
-        self.population = optional_positive_int(cfg, "population", "pe")
-        if self.population is None:
-            raise ValueError("method.population must be a positive integer (synthetic samples per iteration)")
-        self.degrees = [check_degree(d) for d in (cfg.degrees or [])]
-        if not self.degrees:
-            raise ValueError("method.degrees must list one variation degree in (0, 1] per iteration (T = its length)")
-        self.final_degree = check_degree(cfg.final_degree) if cfg.get("final_degree") is not None else self.degrees[-1]
+        self.population = int(cfg.population)
+        self.degrees = [float(d) for d in cfg.degrees]
+        self.final_degree = float(cfg.final_degree) if cfg.get("final_degree") is not None else self.degrees[-1]
         self.lookahead = int(cfg.lookahead)
         self.num_nearest = int(cfg.num_nearest)
-        if self.lookahead < 0 or self.num_nearest < 1:
-            raise ValueError(f"method.lookahead={cfg.lookahead!r} must be >= 0 and method.num_nearest="
-                             f"{cfg.num_nearest!r} >= 1")
         self.threshold = float(cfg.threshold)
-        if not self.threshold >= 0:
-            raise ValueError(f"method.threshold={cfg.threshold!r} must be >= 0")
         if self.conditional and self.population < ctx.num_classes:
             raise ValueError(f"method.population={self.population} must be >= the number of classes "
                              f"({ctx.num_classes}) for class-conditional PE")
@@ -285,8 +273,8 @@ class PE(Method):
         need_pool = self.backend == "icgan" or not self.conditional
         models = self.public_models() if need_pool or self.embedding == "encoder" else None
         self.models = models
-        self.pool = build_public_pool(models, public, self.ctx, max_rows=optional_positive_int(
-            self.cfg, "public_pool", "pe"), other_classes=self.other_classes) if need_pool else None
+        self.pool = build_public_pool(models, public, self.ctx, max_rows=self.cfg.get(
+            "public_pool"), other_classes=self.other_classes) if need_pool else None
         self.api = self._api(models, self.pool, public)
         embed = self._embedder(models)
         noise_rng = dp_numpy_generator(deterministic=self.ctx.deterministic_noise, seed=self.ctx.seed) if sigma > 0 else None

@@ -1,0 +1,573 @@
+"""Dataclass schemas of every config group, with the ranges of their fields and their cross-field rules.
+
+Each ``conf/<group>/*.yaml`` extends its schema through its defaults list (``/schema/<group>/<name>@_here_``), so
+Hydra checks types and unknown keys at compose time, and :func:`dpsyn.config.validate` checks the ranges declared
+here (field metadata: ``ge``, ``gt``, ``le``, ``lt``, ``choices``, ``items`` for list elements, ``nonempty``) and
+each schema's ``check`` (cross-field rules). This module imports neither torch nor a method module: the preflight
+runs on it alone.
+
+Facts the preflight needs about a method before importing it (dataset kinds, whether it needs public data) are in
+:data:`METHOD_FACTS`; ``tests/test_config.py`` checks them against the registered method classes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+# Hydra/OmegaConf read the annotations at runtime: ``Optional[int]``, ``List[int]`` (not ``int | None``) keep them
+# readable on every Python version OmegaConf supports.
+
+
+def f(default: Any = None, **rules: Any) -> Any:
+    """A field with its ``default`` and its range ``rules`` (see the module docstring)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=rules)
+    return field(default=default, metadata=rules)
+
+
+POSITIVE = {"ge": 1}        # an integer >= 1
+NON_NEGATIVE = {"ge": 0}    # an integer (or number) >= 0
+GT0 = {"gt": 0}             # a number > 0
+FRACTION = {"gt": 0, "le": 1}   # in (0, 1]
+ADAM_BETA = {"ge": 0, "lt": 1}  # in [0, 1)
+WIDTHS = {"nonempty": True, "items": {"ge": 1}}  # a non-empty list of layer widths >= 1
+
+
+class SchemaError(ValueError):
+    """A cross-field rule broken: ``key`` (relative to the schema's node), its value and what is allowed."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        super().__init__(f"{key}={value}: {allowed}")
+        self.key, self.value, self.allowed = key, value, allowed
+
+
+# ---- method ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MethodSchema:
+    """Fields every method has; ``check`` holds a schema's cross-field rules (raise :class:`SchemaError`)."""
+
+    name: str = "???"
+
+    def check(self, node: Any, root: Any = None) -> None:  # noqa: B027  (no rule by default)
+        """Cross-field rules on the composed ``node`` (DictConfig; ``root``: the whole config, when there is one);
+        raise :class:`SchemaError`."""
+
+
+@dataclass
+class RealSchema(MethodSchema):
+    name: str = "real"
+
+
+@dataclass
+class ICGANNonPrivateSchema(MethodSchema):
+    name: str = "icgan_nonprivate"
+
+
+@dataclass
+class PublicUniformSchema(MethodSchema):
+    name: str = "public_uniform"
+    public_pool: Optional[int] = f(None, **POSITIVE)
+    other_classes: str = f("nearest", choices=("nearest", "exclude"))
+
+
+@dataclass
+class DPGANSchema(MethodSchema):
+    name: str = "dp_gan"
+    epochs: int = f(1, **POSITIVE)
+    batch_size: int = f(128, **POSITIVE)
+    max_grad_norm: float = f(1.0, **GT0)
+    lr_g: float = f(2.0e-4, **GT0)
+    lr_d: float = f(2.0e-4, **GT0)
+    beta1: float = f(0.5, **ADAM_BETA)
+    z_dim: int = f(64, **POSITIVE)
+    ngf: int = f(32, **POSITIVE)
+    ndf: int = f(32, **POSITIVE)
+    grad_sample_mode: str = f("hooks", choices=("hooks", "functorch"))
+    checkpoint_every: int = f(100, **NON_NEGATIVE)
+    table_g_hidden: List[int] = f([64, 64], **WIDTHS)
+    table_d_hidden: List[int] = f([64, 64], **WIDTHS)
+    class_ratio_epsilon: float = f(0.01, **GT0)
+
+
+@dataclass
+class DPGANMISchema(MethodSchema):
+    name: str = "dp_gan_mi"
+    epochs: int = f(20, **POSITIVE)
+    batch_size: int = f(128, **POSITIVE)
+    max_grad_norm: float = f(1.0, **GT0)
+    lr_g: float = f(2.0e-4, **GT0)
+    lr_d: float = f(2.0e-4, **GT0)
+    beta1: float = f(0.5, **ADAM_BETA)
+    z_dim: int = f(32, **POSITIVE)
+    hidden: int = f(128, **POSITIVE)
+    layers: int = f(4, ge=2)
+    grad_sample_mode: str = f("hooks", choices=("hooks", "functorch"))
+    checkpoint_every: int = f(100, **NON_NEGATIVE)
+
+
+@dataclass
+class DPGANFTSchema(DPGANMISchema):
+    name: str = "dp_gan_ft"
+    pretrain_steps: int = f(2000, **NON_NEGATIVE)
+    pretrain_batch_size: int = f(128, **POSITIVE)
+    max_public: Optional[int] = f(None, **POSITIVE)
+
+
+@dataclass
+class DPDRESchema(MethodSchema):
+    name: str = "dp_dre"
+    hidden: int = f(64, **POSITIVE)
+    epochs: int = f(20, **POSITIVE)
+    batch_size: int = f(256, **POSITIVE)
+    public_batch_size: Optional[int] = f(None, **POSITIVE)
+    lr: float = f(1.0e-3, **GT0)
+    max_grad_norm: float = f(1.0, **GT0)
+    ratio_power: float = f(1.0, **GT0)
+    public_pool: Optional[int] = f(None, **POSITIVE)
+    other_classes: str = f("nearest", choices=("nearest", "exclude"))
+
+
+@dataclass
+class DPMGESchema(MethodSchema):
+    name: str = "dp_mge"
+    calibration: str = f("classic", choices=("classic", "analytic"))
+    mean_share: float = f(0.5, gt=0, lt=1)
+    conditional: bool = False
+    class_counts: str = f("dp", choices=("dp", "public"))
+    count_share: float = f(0.05, ge=0, lt=1)
+
+
+@dataclass
+class BudgetSplitSchema:
+    m1: float = f(0.45, ge=0, le=1)
+    m2: float = f(0.45, ge=0, le=1)
+    counts: float = f(0.1, ge=0, le=1)
+
+
+@dataclass
+class DPMEPFSchema(MethodSchema):
+    name: str = "dp_mepf"
+    feature_layers: Any = "auto"  # auto | null | a list of encoder layer names (checked against the encoder)
+    layer_pool: Optional[int] = f(None, **POSITIVE)
+    moments: str = f("m1_and_m2", choices=("m1", "m1_and_m2"))
+    class_conditional: bool = True
+    class_counts: str = f("dp", choices=("dp", "public"))
+    budget_split: BudgetSplitSchema = field(default_factory=BudgetSplitSchema)
+    calibration: str = f("classic", choices=("classic", "analytic"))
+    steps: int = f(1000, **NON_NEGATIVE)
+    batch_size: int = f(120, **POSITIVE)
+    lr: float = f(1.0e-3, **GT0)
+    beta1: float = f(0.5, **ADAM_BETA)
+    z_dim: int = f(64, **POSITIVE)
+    ngf: int = f(32, **POSITIVE)
+    pretrain_steps: int = f(0, **NON_NEGATIVE)
+    max_public: Optional[int] = f(10000, **POSITIVE)
+
+    def check(self, node: Any, root: Any = None) -> None:
+        if root is not None and math.isinf(float(root.get("eps", 1.0))):
+            return  # a non-private run makes no release: the split is not used
+        split = node.budget_split
+        made = {"m1": True, "m2": node.moments == "m1_and_m2", "counts": node.class_counts == "dp"}
+        for key, is_made in made.items():
+            if is_made and not split[key] > 0:
+                raise SchemaError(f"budget_split.{key}", split[key], "every release made needs a fraction > 0")
+            if not is_made and split[key] != 0:
+                raise SchemaError(f"budget_split.{key}", split[key], "must be 0: that release is not made "
+                                  "(moments=m1 or class_counts=public)")
+        total = sum(float(split[k]) for k, is_made in made.items() if is_made)
+        if abs(total - 1.0) > 1e-9:
+            raise SchemaError("budget_split", dict(split), f"the fractions of the releases made must sum to 1, "
+                              f"got {total:g}")
+
+
+@dataclass
+class PATENoiseSchema(MethodSchema):
+    """Confident-GNMax noise of the PATE methods, each quantity given in votes (absolute) or as a ratio to the
+    number of teachers N (``*_ratio``); an absolute value, when set, wins (resolved by
+    :func:`dpsyn.config.resolve_pate_noise`)."""
+
+    teachers: int = f(1000, **POSITIVE)
+    sigma_threshold: Optional[float] = f(None, **GT0)
+    sigma: Optional[float] = f(None, **GT0)
+    threshold: Optional[float] = f(None, ge=0)
+    sigma_threshold_ratio: Optional[float] = f(None, **GT0)
+    sigma_ratio: Optional[float] = f(None, **GT0)
+    threshold_ratio: Optional[float] = f(None, ge=0, le=1)
+
+    def check(self, node: Any, root: Any = None) -> None:
+        from dpsyn.config import resolve_pate_noise
+
+        for key in ("sigma_threshold", "sigma", "threshold"):
+            if node[key] is None and node[f"{key}_ratio"] is None:
+                raise SchemaError(key, None, f"set {key} (votes) or {key}_ratio (a fraction of the teachers)")
+        # T is not bounded by the teachers: the paper's teacher ablation (conf/experiment/long2021_ablation*.yaml)
+        # holds T = 1000 votes fixed down to 500 teachers (the ratio, threshold_ratio, lies in [0, 1])
+        noise = resolve_pate_noise(node)
+        if not math.isfinite(noise["threshold"]):
+            raise SchemaError("threshold", noise["threshold"], "must be a finite vote count")
+
+
+@dataclass
+class GPATESchema(PATENoiseSchema):
+    name: str = "g_pate"
+    teachers: int = f(2000, **POSITIVE)
+    projection_dim: int = f(10, **POSITIVE)
+    clip: float = f(1.0e-4, **GT0)
+    bins: int = f(10, ge=2)
+    batch_size: int = f(16, **POSITIVE)
+    teacher_batch: Optional[int] = f(None, **POSITIVE)
+    teacher_steps: int = f(1, **POSITIVE)
+    steps: int = f(500, **POSITIVE)
+    bound: str = f("data_independent", choices=("data_independent", "data_dependent"))
+    z_dim: int = f(50, **POSITIVE)
+    ngf: int = f(32, **POSITIVE)
+    teacher_arch: str = f("auto", choices=("auto", "conv", "dcgan", "mlp"))
+    ndf: int = f(4, **POSITIVE)
+    d_hidden: List[int] = f([32], **WIDTHS)
+    lr_g: float = f(1.0e-3, **GT0)
+    lr_d: float = f(1.0e-3, **GT0)
+    beta1: float = f(0.5, **ADAM_BETA)
+    shuffle_partitions: bool = True
+    teacher_chunk: Optional[int] = f(100, **POSITIVE)
+    checkpoint_every: int = f(50, **NON_NEGATIVE)
+    g_hidden: List[int] = f([64, 64], **WIDTHS)
+    class_ratio_epsilon: float = f(0.01, **GT0)
+
+
+@dataclass
+class PATEGANSchema(PATENoiseSchema):
+    name: str = "pate_gan"
+    teachers: int = f(1000, **POSITIVE)
+    batch_size: int = f(32, **POSITIVE)
+    teacher_batch: Optional[int] = f(16, **POSITIVE)
+    teacher_steps: int = f(1, **POSITIVE)
+    student_steps: int = f(1, **POSITIVE)
+    steps: int = f(500, **POSITIVE)
+    bound: str = f("data_independent", choices=("data_independent", "data_dependent"))
+    class_ratio_epsilon: float = f(0.01, **GT0)
+    z_dim: int = f(50, **POSITIVE)
+    ngf: int = f(32, **POSITIVE)
+    g_hidden: List[int] = f([64, 64], **WIDTHS)
+    teacher_arch: str = f("auto", choices=("auto", "conv", "dcgan", "mlp"))
+    ndf: int = f(4, **POSITIVE)
+    d_hidden: List[int] = f([32], **WIDTHS)
+    student_ndf: int = f(32, **POSITIVE)
+    s_hidden: List[int] = f([64, 64], **WIDTHS)
+    lr_g: float = f(2.0e-4, **GT0)
+    lr_s: float = f(2.0e-4, **GT0)
+    lr_d: float = f(1.0e-3, **GT0)
+    beta1: float = f(0.5, **ADAM_BETA)
+    shuffle_partitions: bool = True
+    teacher_chunk: Optional[int] = f(100, **POSITIVE)
+    checkpoint_every: int = f(50, **NON_NEGATIVE)
+
+
+@dataclass
+class GSWGANSchema(MethodSchema):
+    name: str = "gs_wgan"
+    critics: int = f(100, **POSITIVE)
+    iterations: int = f(1000, **POSITIVE)
+    batch_size: int = f(32, **POSITIVE)
+    critic_steps: int = f(5, **POSITIVE)
+    clip: float = f(1.0, **GT0)
+    gp_weight: float = f(10.0, **GT0)
+    drift: float = f(1.0e-3, ge=0)
+    lr_g: float = f(1.0e-4, **GT0)
+    lr_d: float = f(1.0e-4, **GT0)
+    beta1: float = f(0.5, **ADAM_BETA)
+    beta2: float = f(0.9, **ADAM_BETA)
+    z_dim: int = f(10, **POSITIVE)
+    ngf: int = f(32, **POSITIVE)
+    ndf: int = f(16, **POSITIVE)
+    ema: float = f(0.99, ge=0, lt=1)
+    clip_at_inf: bool = True
+    shuffle_partitions: bool = True
+    checkpoint_every: int = f(100, **NON_NEGATIVE)
+
+
+@dataclass
+class PESchema(MethodSchema):
+    name: str = "pe"
+    backend: str = f("icgan", choices=("icgan", "diffusion"))
+    embedding: str = f("encoder", choices=("encoder", "inception"))
+    population: int = f(2000, **POSITIVE)
+    degrees: List[float] = f([0.8, 0.6, 0.5, 0.4, 0.3, 0.25], nonempty=True, items=FRACTION)
+    noise_multiplier: Optional[float] = f(None, **GT0)
+    threshold: float = f(4.0, ge=0)
+    lookahead: int = f(4, **NON_NEGATIVE)
+    num_nearest: int = f(1, **POSITIVE)
+    selection: str = f("sample", choices=("sample", "rank"))
+    rank_keep: float = f(0.5, **FRACTION)
+    conditional: bool = False
+    class_proportions: str = f("uniform", choices=("uniform", "public", "dp"))
+    condition: str = f("random_class", choices=("random_class", "none"))
+    feature_noise: float = f(0.5, ge=0)
+    final_degree: Optional[float] = f(None, **FRACTION)
+    public_pool: Optional[int] = f(None, **POSITIVE)
+    other_classes: str = f("nearest", choices=("nearest", "exclude"))
+    knn_backend: str = f("auto", choices=("auto", "faiss", "torch"))
+    monitor: bool = True
+    checkpoint: bool = True
+
+
+@dataclass
+class UtilitySchema:
+    epochs: int = f(5, **POSITIVE)
+    batch_size: int = f(128, **POSITIVE)
+    lr: float = f(1.0e-3, **GT0)
+
+
+@dataclass
+class AttackSchema:
+    n_members: int = f(500, **POSITIVE)
+    non_member_ratio: int = f(9, **POSITIVE)
+    monte_carlo: int = f(1, ge=0, le=1)
+    mc_components: int = f(40, **POSITIVE)
+    mc_percentile: Optional[float] = f(None, gt=0, le=100)
+    per_owner_utility: int = f(1, ge=0, le=1)
+    utility: UtilitySchema = field(default_factory=UtilitySchema)
+
+
+@dataclass
+class PrivGANSchema(MethodSchema):
+    name: str = "privgan"
+    owners: List[float] = f([0.5, 0.5], nonempty=True, items=FRACTION)
+    lam: float = f(1.0, ge=0)
+    dp_delay: int = f(0, **NON_NEGATIVE)
+    dp_pretrain: bool = False
+    dp_pretrain_epochs: int = f(50, **NON_NEGATIVE)
+    per_class: bool = True
+    arch: str = f("mlp", choices=("mlp", "dcgan"))
+    epochs: int = f(20, **POSITIVE)
+    batch_size: int = f(256, **POSITIVE)
+    lr: float = f(2.0e-4, **GT0)
+    beta1: float = f(0.5, **ADAM_BETA)
+    label_smoothing: float = f(0.95, **FRACTION)
+    z_dim: int = f(100, **POSITIVE)
+    g_hidden: List[int] = f([256, 512], **WIDTHS)
+    d_hidden: List[int] = f([512, 256], **WIDTHS)
+    attack: AttackSchema = field(default_factory=AttackSchema)
+    mode: str = f("single", choices=("single", "decentralized"))
+
+    def check(self, node: Any, root: Any = None) -> None:
+        owners = [float(x) for x in node.owners]
+        if sum(owners) > 1 + 1e-9:
+            raise SchemaError("owners", owners, "each fraction must lie in (0, 1] and their sum <= 1")
+
+
+# name -> schema, one per conf/method/*.yaml (gan extends privgan's yaml, so it has privgan's schema)
+METHOD_SCHEMAS: Dict[str, type] = {
+    "real": RealSchema, "icgan_nonprivate": ICGANNonPrivateSchema, "public_uniform": PublicUniformSchema,
+    "dp_gan": DPGANSchema, "dp_gan_ft": DPGANFTSchema, "dp_gan_mi": DPGANMISchema, "dp_dre": DPDRESchema,
+    "dp_mge": DPMGESchema, "dp_mepf": DPMEPFSchema, "g_pate": GPATESchema, "pate_gan": PATEGANSchema,
+    "gs_wgan": GSWGANSchema, "pe": PESchema, "privgan": PrivGANSchema, "gan": PrivGANSchema,
+}
+
+
+@dataclass(frozen=True)
+class MethodFacts:
+    """What the preflight must know about a method without importing it (its module imports torch); equal to the
+    method class's ``kinds`` and ``needs_public`` (a test checks)."""
+
+    kinds: tuple = ("image", "table")
+    needs_public: bool = False
+
+
+_IMAGE = ("image",)
+METHOD_FACTS: Dict[str, MethodFacts] = {
+    "real": MethodFacts(), "dp_gan": MethodFacts(), "g_pate": MethodFacts(), "pate_gan": MethodFacts(),
+    "privgan": MethodFacts(_IMAGE), "gan": MethodFacts(_IMAGE), "gs_wgan": MethodFacts(_IMAGE),
+    "icgan_nonprivate": MethodFacts(_IMAGE, True), "public_uniform": MethodFacts(_IMAGE, True),
+    "dp_gan_ft": MethodFacts(_IMAGE, True), "dp_gan_mi": MethodFacts(_IMAGE, True),
+    "dp_dre": MethodFacts(_IMAGE, True), "dp_mge": MethodFacts(_IMAGE, True), "dp_mepf": MethodFacts(_IMAGE, True),
+    "pe": MethodFacts(_IMAGE, True),
+}
+
+
+# ---- dataset ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DatasetSchema:
+    """Keys every dataset has (conf/dataset/*.yaml); the subclasses add their own."""
+
+    name: str = "???"
+    kind: str = f("image", choices=("image", "table"))
+    family: str = "???"
+    resolution: Optional[int] = f(None, **POSITIVE)
+    channels: Optional[int] = f(None, choices=(1, 3))
+    public: Optional[str] = None
+    classes: Optional[List[str]] = f(None, nonempty=True)
+    split_seed: int = f(0, **NON_NEGATIVE)
+    n_private: Optional[int] = f(None, **POSITIVE)
+    download: bool = False
+
+    def check(self, node: Any, root: Any = None) -> None:
+        if node.kind == "image" and (node.resolution is None or node.channels is None):
+            raise SchemaError("resolution" if node.resolution is None else "channels", None,
+                              "an image dataset needs a resolution and a channel count")
+
+
+@dataclass
+class PublicPoolDatasetSchema(DatasetSchema):
+    """Datasets with an optional public pool read from files (cifar10, birds, cars, pets)."""
+
+    n_public: Optional[int] = f(None, **POSITIVE)
+
+
+@dataclass
+class EvalSplitDatasetSchema(DatasetSchema):
+    """Datasets whose eval split is cut from one set (digits, breast_cancer)."""
+
+    eval_fraction: float = f(0.2, gt=0, lt=1)
+
+
+@dataclass
+class KaggleCreditDatasetSchema(EvalSplitDatasetSchema):
+    path: Optional[str] = None
+
+
+DATASET_SCHEMAS: Dict[str, type] = {
+    "base": DatasetSchema, "public_pool": PublicPoolDatasetSchema, "eval_split": EvalSplitDatasetSchema,
+    "kaggle_credit": KaggleCreditDatasetSchema,
+}
+
+
+# ---- privacy, trainer, metrics, public ------------------------------------------------------------------------
+
+ACCOUNTANTS = ("rdp", "prv")  # DP-SGD accountants (Opacus); equal to dpsyn.privacy.ACCOUNTANTS (a test checks)
+
+
+@dataclass
+class PrivacySchema:
+    delta: float = f(1.0e-5, gt=0, lt=1)
+    accountant: str = f("rdp", choices=ACCOUNTANTS)
+    deterministic_noise: bool = False
+
+
+@dataclass
+class TrainerSchema:
+    accelerator: str = f("cpu", choices=("cpu", "gpu", "cuda", "mps", "auto"))
+    devices: Any = 1                      # an int, a list or "auto" (Lightning)
+    max_epochs: Optional[int] = f(None, **POSITIVE)
+    limit_train_batches: Any = f(None, gt=0)   # an int (batches) or a float fraction (Lightning): kept as given
+    enable_progress_bar: bool = True
+    enable_model_summary: bool = False
+    log_every_n_steps: int = f(20, **POSITIVE)
+
+
+@dataclass
+class EvalNetSchema:
+    epochs: int = f(2, **POSITIVE)
+    batch_size: int = f(128, **POSITIVE)
+    lr: float = f(1.0e-3, **GT0)
+    val_fraction: float = f(0.1, gt=0, lt=1)
+    limit_train_batches: Optional[int] = f(None, **POSITIVE)
+
+
+@dataclass
+class ClassifierSchema:
+    name: str = f("small_cnn", choices=("small_cnn", "wrn_40_4"))
+    ensemble: int = f(1, **POSITIVE)
+    epochs: int = f(5, **POSITIVE)
+    batch_size: int = f(128, **POSITIVE)
+    lr: float = f(1.0e-3, **GT0)
+    val_fraction: float = f(0.1, gt=0, lt=1)
+
+
+@dataclass
+class KIDSchema:
+    subsets: int = f(100, **POSITIVE)
+    subset_size: int = f(1000, **POSITIVE)
+
+
+@dataclass
+class PRDCSchema:
+    k_pr: int = f(3, **POSITIVE)
+    k_dc: int = f(5, **POSITIVE)
+
+
+@dataclass
+class NDBSchema:
+    K: int = f(100, ge=2)
+    alpha: float = f(0.05, gt=0, lt=1)
+    space: str = "pixels"
+    n_train: int = f(10000, **POSITIVE)
+    seed: int = f(0, **NON_NEGATIVE)
+
+
+@dataclass
+class TabularSchema:
+    classifiers: List[str] = f(["logreg", "random_forest", "gradient_boosting", "mlp"], nonempty=True)
+
+
+@dataclass
+class MIASchema:
+    n_members: int = f(1000, **POSITIVE)
+    confidence: float = f(0.95, gt=0, lt=1)
+    calibration_fraction: float = f(0.5, gt=0, lt=1)
+
+
+@dataclass
+class MetricNamesSchema:
+    image: List[str] = f(["fd", "acc"])
+    table: List[str] = f(["auroc"])
+
+
+@dataclass
+class MetricsSchema:
+    names: MetricNamesSchema = field(default_factory=MetricNamesSchema)
+    n_samples: int = f(10000, **POSITIVE)
+    extractor: str = f("evalnet", choices=("evalnet", "inception", "clip"))
+    n_real: int = f(10000, **POSITIVE)
+    kid: KIDSchema = field(default_factory=KIDSchema)
+    prdc: PRDCSchema = field(default_factory=PRDCSchema)
+    is_splits: int = f(10, **POSITIVE)
+    ndb: NDBSchema = field(default_factory=NDBSchema)
+    evalnet: EvalNetSchema = field(default_factory=EvalNetSchema)
+    classifier: ClassifierSchema = field(default_factory=ClassifierSchema)
+    tabular: TabularSchema = field(default_factory=TabularSchema)
+    mia: MIASchema = field(default_factory=MIASchema)
+
+
+@dataclass
+class EmbeddedPublicSchema:
+    """Public models trained here (conf/public/fmnist.yaml); the model blocks are checked by dpsyn.public."""
+
+    name: str = "???"
+    kind: str = f("embedded", choices=("embedded",))
+    dataset: str = "???"
+    seed: int = f(0, **NON_NEGATIVE)
+    n_public: Optional[int] = f(None, **POSITIVE)
+    encoder: Dict[str, Any] = field(default_factory=dict)
+    generator: Dict[str, Any] = field(default_factory=dict)
+    quality: Optional[Dict[str, Any]] = None
+    diffusion: Optional[Dict[str, Any]] = None   # PE's models; null = none (pretrain diffusion=true refuses)
+
+
+@dataclass
+class RealPublicSchema:
+    """Released public checkpoints (conf/public/imagenet.yaml)."""
+
+    name: str = "???"
+    kind: str = f("real", choices=("real",))
+    encoder: Dict[str, Any] = field(default_factory=dict)
+    generator: Dict[str, Any] = field(default_factory=dict)
+    diffusion: Optional[Dict[str, Any]] = None
+
+
+PUBLIC_SCHEMAS: Dict[str, type] = {"embedded": EmbeddedPublicSchema, "real": RealPublicSchema}
+
+# group -> {name: schema}: what dpsyn.config.register puts in Hydra's ConfigStore as schema/<group>/<name>
+SCHEMAS: Dict[str, Dict[str, type]] = {
+    "method": METHOD_SCHEMAS,
+    "dataset": DATASET_SCHEMAS,
+    "privacy": {"default": PrivacySchema},
+    "trainer": {"default": TrainerSchema},
+    "metrics": {"default": MetricsSchema},
+    "public": PUBLIC_SCHEMAS,
+}
