@@ -143,10 +143,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     t_start = time.perf_counter()
     check_composed(cfg)
-    data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir)
+    method_cls = METHODS.get(cfg.method.name)
+    # the dataset's yaml names its public split; it is read only for a method that uses public data
+    data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir, public=method_cls.needs_public)
     eps = float(cfg.eps)
     delta = check_delta(cfg.privacy.delta, n_private=len(data.private))
-    method_cls = METHODS.get(cfg.method.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
