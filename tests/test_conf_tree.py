@@ -85,3 +85,28 @@ def test_run_loads_public_data_only_for_methods_that_use_it(method: str, loads_p
     result = run(cfg, tmp_path / "run")
     assert seen and seen[0] is loads_public
     assert result["data"]["public"] == ("fmnist_public" if loads_public else None)
+
+
+EXPERIMENTS = [e for e in group_options("experiment") if not e.startswith("_")]
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_gets_the_shared_logger_and_sweep_dir_from_the_base(experiment: str) -> None:
+    """conf/experiment/_base.yaml holds the csv logger and the fixed sweep folder; each experiment composes with them
+    (whether it lists the base itself or extends an experiment that does), and no file restates them."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    text = (CONF_DIR / "experiment" / f"{experiment}.yaml").read_text()
+    assert "override /logger: csv" not in text and "dir: ${paths.output_dir}/experiments/" not in text
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    assert cfg.logger._target_ == "lightning.pytorch.loggers.CSVLogger"
+    assert cfg.experiment_name and cfg.profile in ("embedded", "paper")
+    sweep = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)
+    assert sweep["dir"] == "${paths.output_dir}/experiments/${experiment_name}/${profile}"
+    assert "${now:" not in sweep["subdir"] and sweep["subdir"].endswith("seed${seed}")
