@@ -55,9 +55,11 @@ def _versions() -> dict[str, str]:
 
 
 def _make_logger(cfg: DictConfig) -> Any:
+    from dpsyn.console import quiet_logger
+
     if cfg.logger.get("_target_") is None:
         return None
-    return hydra.utils.instantiate(cfg.logger)
+    return quiet_logger(hydra.utils.instantiate(cfg.logger))
 
 
 def _family_loader(cfg: DictConfig):
@@ -389,6 +391,9 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console entry point: check the command line, then hand over to Hydra."""
+    from dpsyn.console import quiet
+
+    quiet(sys.argv[1:])  # known library noise off, unless DPSYN_VERBOSE=1 or hydra.verbose=true
     try:
         preflight(sys.argv[1:])
     except ConfigError as e:
