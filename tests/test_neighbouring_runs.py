@@ -37,11 +37,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from tests.conftest import compose_cfg, run_context
+from tests.tiny import IMAGE_METRICS, SHOES, TINY_PUBLIC
 
 BASE = ("trainer=debug", "eps=1", "privacy.deterministic_noise=true", "trainer.enable_progress_bar=false")
-IMAGE_METRICS = ("metrics.names.image=[]", "metrics.n_samples=60")
-TINY_PUBLIC = ("public.n_public=600", "public.encoder.epochs=1", "public.generator.steps=20", "public.quality.n=0")
-SHOES = ("dataset=fmnist_shoes", "dataset.n_private=600", *TINY_PUBLIC, *IMAGE_METRICS)
 PATE_GAN = ("method=pate_gan", "method.teachers=10", "method.batch_size=4", "method.teacher_batch=2",
             "method.sigma_threshold=100", "method.sigma=50", "method.threshold=5", "method.ndf=2", "method.student_ndf=4",
             "method.z_dim=8", "method.ngf=4", "method.teacher_chunk=null", "method.checkpoint_every=1", *IMAGE_METRICS)

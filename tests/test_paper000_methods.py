@@ -22,9 +22,8 @@ from dpsyn.paths import CONF_DIR
 from dpsyn.privacy import PrivacyLedger, dp_generator, dpsgd_noise_multiplier, gaussian_sigma
 from dpsyn.public import PublicModels
 from tests.conftest import run_context
+from tests.tiny import TINY_PUBLIC
 
-# tiny public models, built once per test session in the test cache
-TINY_PUBLIC = ("public.n_public=600", "public.encoder.epochs=1", "public.generator.steps=20", "public.quality.n=0")
 CLASSES = ["Sandal", "Sneaker", "Ankle boot"]
 
 

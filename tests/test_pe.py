@@ -18,8 +18,8 @@ from dpsyn.methods.pe.histogram import dp_nn_histogram, nn_counts, select_parent
 from dpsyn.methods.pe.method import class_sizes, pe_noise_multiplier
 from dpsyn.privacy import dp_numpy_generator, gdp_epsilon
 from tests.conftest import run_context
+from tests.tiny import TINY_PUBLIC
 
-TINY_PUBLIC = ("public.n_public=600", "public.encoder.epochs=1", "public.generator.steps=20", "public.quality.n=0")
 TINY_PE = ("method.population=60", "method.degrees=[0.6,0.4,0.3]", "method.lookahead=1", "method.threshold=1.0",
            "dataset.n_private=300", "metrics.n_samples=200", "metrics.n_real=300")
 
