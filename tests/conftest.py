@@ -84,8 +84,9 @@ def run_context(
     """
     from dpsyn.methods import RunContext
 
-    fields: dict[str, Any] = dict(seed=0, deterministic_noise=True, accountant="rdp", kind=kind,
-                                  shape=tuple(shape) if shape is not None else ((1, 28, 28) if kind == "image" else (4,)),
+    if shape is None:
+        shape = (1, 28, 28) if kind == "image" else (4,)
+    fields: dict[str, Any] = dict(seed=0, deterministic_noise=True, accountant="rdp", kind=kind, shape=tuple(shape),
                                   num_classes=len(classes), classes=list(classes))
     if data is not None:
         fields.update(kind=data.kind, shape=tuple(data.shape), num_classes=data.num_classes, classes=list(data.classes),

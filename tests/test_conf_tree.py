@@ -110,3 +110,28 @@ def test_every_experiment_gets_the_shared_logger_and_sweep_dir_from_the_base(exp
     sweep = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)
     assert sweep["dir"] == "${paths.output_dir}/experiments/${experiment_name}/${profile}"
     assert "${now:" not in sweep["subdir"] and sweep["subdir"].endswith("seed${seed}")
+
+
+def test_make_ctx_builds_the_context_train_run_would(make_ctx, make_cfg) -> None:
+    """The make_ctx fixture: test defaults, or a composed config's run settings (as dpsyn.cli.train.run builds)."""
+    ctx = make_ctx()
+    assert (ctx.seed, ctx.deterministic_noise, ctx.accountant, ctx.kind) == (0, True, "rdp", "image")
+    assert ctx.shape == (1, 28, 28) and ctx.num_classes == 3 and ctx.classes == ["a", "b", "c"]
+    assert make_ctx(kind="table").shape == (4,)
+    cfg = make_cfg("seed=3", "privacy.deterministic_noise=false", "privacy.accountant=prv")
+    ctx = make_ctx(cfg=cfg, run_dir=Path("x"))
+    assert (ctx.seed, ctx.deterministic_noise, ctx.accountant, ctx.run_dir) == (3, False, "prv", Path("x"))
+    assert ctx.trainer["max_epochs"] == cfg.trainer.max_epochs and None not in ctx.trainer.values()
+    assert ctx.cache_dir == str(cfg.paths.cache_dir) and ctx.public.name == cfg.public.name
+
+
+def test_evaluation_data_of_an_imagenet_family_reads_no_imagenet(make_cfg) -> None:
+    """cifar10's yaml names imagenet_val, but the family data of the evaluation network (and of re-scoring) is read
+    without it: dp_gan on cifar10 needs no ImageNet files to be scored."""
+    from dpsyn.cli.train import _family_loader
+    from tests.test_data import write_fake_cifar10
+
+    cfg = make_cfg("dataset=cifar10")
+    write_fake_cifar10(Path(cfg.paths.data_dir))
+    family = _family_loader(cfg)("cifar10")
+    assert family.public is None and family.info["public"] is None and len(family.private) > 0
