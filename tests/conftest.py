@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -57,6 +59,52 @@ def cli_env(tmp_path: Path, cache_dir: Path) -> dict[str, str]:
         PYTHONPATH=str(REPO_DIR),
     )
     return env
+
+
+def run_context(
+    *,
+    kind: str = "image",
+    shape: Sequence[int] | None = None,
+    classes: Sequence[str] = ("a", "b", "c"),
+    data: Any = None,
+    cfg: DictConfig | None = None,
+    **kw: Any,
+):
+    """A :class:`~dpsyn.methods.RunContext` built the way a test needs it, in one place.
+
+    Defaults: seed 0, reproducible DP noise (``deterministic_noise=True``: tests only), the rdp accountant, 28x28
+    grey images (a table of 4 columns for ``kind="table"``) of classes a, b, c, no trainer settings.
+
+    Args:
+        kind, shape, classes: the dataset's, when neither ``data`` nor ``cfg`` gives them.
+        data: a :class:`~dpsyn.data.DataBundle`: its kind, shape, classes and public class names.
+        cfg: a composed config (``make_cfg``): its seed, noise mode, accountant, trainer and public models, and its
+            paths as the context's cache and data folders (as ``dpsyn.cli.train.run`` builds it).
+        **kw: any other RunContext field (``run_dir``, ``trainer``, ``deterministic_noise``, ...), applied last.
+    """
+    from dpsyn.methods import RunContext
+
+    if shape is None:
+        shape = (1, 28, 28) if kind == "image" else (4,)
+    fields: dict[str, Any] = dict(seed=0, deterministic_noise=True, accountant="rdp", kind=kind, shape=tuple(shape),
+                                  num_classes=len(classes), classes=list(classes))
+    if data is not None:
+        fields.update(kind=data.kind, shape=tuple(data.shape), num_classes=data.num_classes, classes=list(data.classes),
+                      public_classes=list(data.public_classes) if data.public_classes else None)
+    if cfg is not None:
+        fields.update(seed=int(cfg.seed), deterministic_noise=bool(cfg.privacy.deterministic_noise),
+                      accountant=str(cfg.privacy.accountant), public=cfg.get("public"),
+                      trainer={k: v for k, v in OmegaConf.to_container(cfg.trainer, resolve=True).items()
+                               if v is not None},
+                      cache_dir=str(cfg.paths.cache_dir), data_dir=str(cfg.paths.data_dir))
+    fields.update(kw)
+    return RunContext(**fields)
+
+
+@pytest.fixture
+def make_ctx():
+    """``make_ctx(**kw)``: :func:`run_context` (a RunContext for a test's dataset and config)."""
+    return run_context
 
 
 def crash_on_call(original, n: int = 4):

@@ -14,13 +14,10 @@ import numpy as np
 import pytest
 
 from tests.crash_harness import FITTED, KillPoint, check_crash_safe, kill_and_rerun
+from tests.tiny import IMAGE_METRICS, SHOES, TABLE_METRICS, TINY_PUBLIC
 
 BASE = ("trainer=debug", "logger=none", "eps=1", "privacy.deterministic_noise=true",
         "trainer.enable_progress_bar=false")
-IMAGE_METRICS = ("metrics.names.image=[]", "metrics.n_samples=60")
-TABLE_METRICS = ("metrics.tabular.classifiers=[logreg]", "metrics.n_samples=60")
-TINY_PUBLIC = ("public.n_public=600", "public.encoder.epochs=1", "public.generator.steps=20", "public.quality.n=0")
-SHOES = ("dataset=fmnist_shoes", "dataset.n_private=600", *TINY_PUBLIC, *IMAGE_METRICS)
 G_PATE = ("method=g_pate", "dataset=fmnist", "method.teachers=20", "method.batch_size=4", "method.projection_dim=2",
           "method.sigma_threshold=100", "method.sigma=50", "method.threshold=10", "method.teacher_arch=conv",
           "method.ndf=2", "method.z_dim=8", "method.ngf=4", "method.checkpoint_every=1", *IMAGE_METRICS)

@@ -435,7 +435,7 @@ def write_fake_cifar10(root: Path, *, per_batch: int = 4) -> dict[str, np.ndarra
 
 def test_cifar10_from_python_batches(tmp_path: Path) -> None:
     arrays = write_fake_cifar10(tmp_path)
-    bundle = load_dataset(dataset_cfg("cifar10"), seed=0, data_dir=tmp_path)
+    bundle = load_dataset(dataset_cfg("cifar10"), seed=0, data_dir=tmp_path, public=False)
     check_images(bundle.private, n=20, shape=(3, 32, 32), num_classes=10)
     check_images(bundle.eval, n=4, shape=(3, 32, 32), num_classes=10)
     assert bundle.classes == [n.decode() for n in CIFAR_NAMES] and bundle.family == "cifar10"
@@ -443,7 +443,7 @@ def test_cifar10_from_python_batches(tmp_path: Path) -> None:
     # channel-major rows: row[c * 1024 + h * 32 + w] is pixel (c, h, w)
     i, c, h, w = 7, 2, 5, 9
     assert bundle.private.x[i, c, h, w] == np.float32(arrays["train_x"][i, c * 1024 + h * 32 + w]) / np.float32(255)
-    grey = load_dataset(dataset_cfg("cifar10", channels=1, n_private=5), seed=0, data_dir=tmp_path)
+    grey = load_dataset(dataset_cfg("cifar10", channels=1, n_private=5), seed=0, data_dir=tmp_path, public=False)
     check_images(grey.private, n=5, shape=(1, 32, 32), num_classes=10)
 
 
@@ -568,7 +568,10 @@ def test_cifar10_with_imagenet_val_as_public_data(tmp_path: Path) -> None:
     assert bundle.public.y.tolist() == [0, 0, 0, 1, 1, 1] and bundle.public_classes == wnids
     few = load_dataset(dataset_cfg("cifar10", public="imagenet_val", n_public=4), seed=0, data_dir=tmp_path)
     assert len(few.public) == 4
-    assert load_dataset(dataset_cfg("cifar10"), seed=0, data_dir=tmp_path).public is None
+    assert load_dataset(dataset_cfg("cifar10", public=None), seed=0, data_dir=tmp_path).public is None
+    # the shipped config names imagenet_val; a method that uses no public data loads none
+    assert dataset_cfg("cifar10").public == "imagenet_val"
+    assert load_dataset(dataset_cfg("cifar10"), seed=0, data_dir=tmp_path, public=False).public is None
 
 
 def test_paper000_on_cifar10_fails_only_where_a_checkpoint_is_missing(tmp_path: Path, make_cfg) -> None:

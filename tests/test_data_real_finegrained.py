@@ -168,7 +168,7 @@ def mean_colours(x: np.ndarray) -> np.ndarray:
 
 def test_official_split_labels_and_centre_crop(fake: tuple[str, Path, Fake]) -> None:
     name, root, written = fake
-    bundle = load_dataset(dataset_cfg(name, resolution=RES), seed=0, data_dir=root)
+    bundle = load_dataset(dataset_cfg(name, resolution=RES), seed=0, data_dir=root, public=False)
     assert bundle.name == name and bundle.family == name and bundle.public is None
     assert bundle.classes == written.classes
     check_images(bundle.private, n=len(written.train_y), shape=(3, RES, RES), num_classes=3)
@@ -185,14 +185,15 @@ def test_official_split_labels_and_centre_crop(fake: tuple[str, Path, Fake]) -> 
 def test_class_subset_n_private_and_grey(fake: tuple[str, Path, Fake]) -> None:
     name, root, written = fake
     third, first = written.classes[2], written.classes[0]
-    sub = load_dataset(dataset_cfg(name, resolution=RES, classes=[third.upper(), first]), seed=0, data_dir=root)
+    sub = load_dataset(dataset_cfg(name, resolution=RES, classes=[third.upper(), first]), seed=0, data_dir=root,
+                       public=False)
     assert sub.classes == [third, first]
     train_y, test_y = np.array(written.train_y), np.array(written.test_y)
     assert sub.private.index.tolist() == np.flatnonzero(np.isin(train_y, [2, 0])).tolist()
     assert np.array_equal(np.array([2, 0])[sub.private.y], train_y[sub.private.index])
     assert np.array_equal(np.array([2, 0])[sub.eval.y], test_y[sub.eval.index])
     assert set(sub.eval.y.tolist()) <= {0, 1} and len(sub.eval) == int(np.isin(test_y, [2, 0]).sum())
-    few = load_dataset(dataset_cfg(name, resolution=RES, n_private=2, channels=1), seed=3, data_dir=root)
+    few = load_dataset(dataset_cfg(name, resolution=RES, n_private=2, channels=1), seed=3, data_dir=root, public=False)
     check_images(few.private, n=2, shape=(1, RES, RES), num_classes=3)
     assert np.array_equal(few.private.y, train_y[few.private.index])
     assert len(few.eval) == len(test_y)

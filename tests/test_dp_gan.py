@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 from dpsyn.lit.gan import noise_only_step, planned_steps
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
+from tests.conftest import run_context
 
 
 def _d() -> CondDCGANDiscriminator:
@@ -196,16 +197,15 @@ def test_dp_gan_table_labels_follow_the_released_proportions() -> None:
     from omegaconf import OmegaConf
 
     from dpsyn.data.base import Split
-    from dpsyn.methods import METHODS, PrivacyBudget, RunContext
+    from dpsyn.methods import METHODS, PrivacyBudget
     from dpsyn.methods.dp_gan import _ProportionalLabelGAN
     from dpsyn.paths import CONF_DIR
     from dpsyn.privacy import ApproxDPEvent, PrivacyLedger
 
     cfg = OmegaConf.load(CONF_DIR / "method" / "dp_gan.yaml")
     cfg.batch_size, cfg.class_ratio_epsilon = 32, 0.5
-    ctx = RunContext(seed=0, deterministic_noise=True, accountant="rdp", kind="table", shape=(4,), num_classes=3,
-                     classes=["a", "b", "c"], trainer={"max_epochs": 1, "limit_train_batches": 2,
-                                                       "enable_progress_bar": False, "enable_model_summary": False})
+    ctx = run_context(kind="table", shape=(4,), trainer={"max_epochs": 1, "limit_train_batches": 2,
+                                                          "enable_progress_bar": False, "enable_model_summary": False})
     rng = np.random.default_rng(0)
     y = np.repeat([0, 1, 2], [100, 300, 600])
     private = Split(rng.random((len(y), 4), dtype=np.float32), y)

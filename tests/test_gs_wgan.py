@@ -23,7 +23,7 @@ from dpsyn.methods.gs_wgan import (
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
 from dpsyn.privacy import PrivacyLedger, dp_generator, dpsgd_epsilon
-from tests.conftest import crash_on_call
+from tests.conftest import crash_on_call, run_context
 
 SMOKE = ("method=gs_wgan", "dataset=fmnist", "method.critics=20", "method.batch_size=4", "method.critic_steps=1",
          "method.ndf=2", "method.ngf=4", "method.z_dim=8", "privacy.deterministic_noise=true",
@@ -159,10 +159,7 @@ def test_critic_bank_keeps_k_independent_adams() -> None:
 
 
 def _ctx(**kw):
-    from dpsyn.methods import RunContext
-
-    return RunContext(seed=0, deterministic_noise=True, accountant="rdp", kind="image", shape=(1, 28, 28),
-                      num_classes=3, classes=["a", "b", "c"], **kw)
+    return run_context(**kw)
 
 
 def _method(make_cfg, *over: str, **ctx_kw):

@@ -36,12 +36,10 @@ import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from tests.conftest import compose_cfg
+from tests.conftest import compose_cfg, run_context
+from tests.tiny import IMAGE_METRICS, SHOES, TINY_PUBLIC
 
 BASE = ("trainer=debug", "eps=1", "privacy.deterministic_noise=true", "trainer.enable_progress_bar=false")
-IMAGE_METRICS = ("metrics.names.image=[]", "metrics.n_samples=60")
-TINY_PUBLIC = ("public.n_public=600", "public.encoder.epochs=1", "public.generator.steps=20", "public.quality.n=0")
-SHOES = ("dataset=fmnist_shoes", "dataset.n_private=600", *TINY_PUBLIC, *IMAGE_METRICS)
 PATE_GAN = ("method=pate_gan", "method.teachers=10", "method.batch_size=4", "method.teacher_batch=2",
             "method.sigma_threshold=100", "method.sigma=50", "method.threshold=5", "method.ndf=2", "method.student_ndf=4",
             "method.z_dim=8", "method.ngf=4", "method.teacher_chunk=null", "method.checkpoint_every=1", *IMAGE_METRICS)
@@ -434,7 +432,7 @@ class _NoisyModule(torch.nn.Module):
 def test_fitted_state_keeps_no_noise_stream_and_training_checkpoints_drop_unreleased_state(tmp_path: Path) -> None:
     """The fitted state (checkpoints/fitted.pt) holds no DP noise generator, the method's own object keeps it; the
     teachers/critics named by ``unreleased_checkpoint_keys`` leave the training checkpoint, the rest stays."""
-    from dpsyn.methods.base import Method, RunContext, Samples
+    from dpsyn.methods.base import Method, Samples
     from dpsyn.results.io import atomic_torch_save
 
     class Toy(Method):
@@ -447,8 +445,7 @@ def test_fitted_state_keeps_no_noise_stream_and_training_checkpoints_drop_unrele
         def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
             return Samples(np.zeros((n, 2)), None)
 
-    ctx = RunContext(seed=0, deterministic_noise=False, accountant="rdp", kind="table", shape=(2,), num_classes=2,
-                     classes=["a", "b"], run_dir=tmp_path)
+    ctx = run_context(deterministic_noise=False, kind="table", shape=(2,), classes=["a", "b"], run_dir=tmp_path)
     toy = Toy(None, ctx)
     toy.fit(None, None, None)
     state = toy.fitted_state()

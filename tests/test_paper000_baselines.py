@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from dpsyn.privacy import PrivacyLedger, gaussian_sigma
+from tests.tiny import TINY_PUBLIC
 
-TINY_PUBLIC = ("public.n_public=600", "public.encoder.epochs=1", "public.generator.steps=20", "public.quality.n=0")
 SMOKE = ("dataset=fmnist_shoes", "dataset.n_private=600", "metrics.names.image=[]", "metrics.n_samples=60",
          "trainer.enable_progress_bar=false", *TINY_PUBLIC)
 FAST = {

@@ -21,9 +21,9 @@ from dpsyn.methods.public_baselines import centroid_labels, private_label_map
 from dpsyn.paths import CONF_DIR
 from dpsyn.privacy import PrivacyLedger, dp_generator, dpsgd_noise_multiplier, gaussian_sigma
 from dpsyn.public import PublicModels
+from tests.conftest import run_context
+from tests.tiny import TINY_PUBLIC
 
-# tiny public models, built once per test session in the test cache
-TINY_PUBLIC = ("public.n_public=600", "public.encoder.epochs=1", "public.generator.steps=20", "public.quality.n=0")
 CLASSES = ["Sandal", "Sneaker", "Ankle boot"]
 
 
@@ -102,10 +102,7 @@ def _stub_models(d: int = 8, scale: float = 1.0) -> PublicModels:
 
 
 def _ctx(**kw: Any) -> RunContext:
-    base = dict(seed=0, deterministic_noise=False, accountant="rdp", kind="image", shape=(1, 28, 28),
-                num_classes=3, classes=CLASSES)
-    base.update(kw)
-    return RunContext(**base)
+    return run_context(**{"deterministic_noise": False, "classes": CLASSES, **kw})
 
 
 def _mge(monkeypatch: pytest.MonkeyPatch, models: PublicModels, ctx: RunContext | None = None, **over: Any) -> DPMGE:

@@ -16,7 +16,7 @@ from dpsyn.methods import METHODS, PrivacyBudget, RunContext, pate_gan
 from dpsyn.methods.pate_gan import binary_votes, student_labels, teacher_update
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherEnsemble, TeacherPartitions
 from dpsyn.privacy import PrivacyLedger, pate_data_independent_epsilon
-from tests.conftest import crash_on_call
+from tests.conftest import crash_on_call, run_context
 
 TINY = ("method.teachers=10", "method.batch_size=4", "method.teacher_batch=2", "method.sigma_threshold=100",
         "method.sigma=50", "method.threshold=5", "method.ndf=2", "method.student_ndf=4", "method.z_dim=8",
@@ -28,8 +28,7 @@ def _flat(module: torch.nn.Module) -> torch.Tensor:
 
 
 def _image_ctx(**kw) -> RunContext:
-    return RunContext(seed=0, deterministic_noise=True, accountant="rdp", kind="image", shape=(1, 28, 28),
-                      num_classes=3, classes=["a", "b", "c"], trainer={"limit_train_batches": 5}, **kw)
+    return run_context(trainer={"limit_train_batches": 5}, **kw)
 
 
 def _image_split(n: int = 60) -> Split:

@@ -17,8 +17,9 @@ from dpsyn.methods.pe.api import DiffusionAPI, Population
 from dpsyn.methods.pe.histogram import dp_nn_histogram, nn_counts, select_parents
 from dpsyn.methods.pe.method import class_sizes, pe_noise_multiplier
 from dpsyn.privacy import dp_numpy_generator, gdp_epsilon
+from tests.conftest import run_context
+from tests.tiny import TINY_PUBLIC
 
-TINY_PUBLIC = ("public.n_public=600", "public.encoder.epochs=1", "public.generator.steps=20", "public.quality.n=0")
 TINY_PE = ("method.population=60", "method.degrees=[0.6,0.4,0.3]", "method.lookahead=1", "method.threshold=1.0",
            "dataset.n_private=300", "metrics.n_samples=200", "metrics.n_real=300")
 
@@ -181,12 +182,9 @@ class _CountingAPI(pe_api.PEAPI):
 def test_lookahead_averages_k_variations(monkeypatch) -> None:
     from omegaconf import OmegaConf
 
-    from dpsyn.methods.base import RunContext
-
     cfg = OmegaConf.load(Path(pe_method.__file__).parents[3] / "conf" / "method" / "pe.yaml")
     cfg.lookahead = 3
-    ctx = RunContext(seed=0, deterministic_noise=True, accountant="rdp", kind="image", shape=(1, 1, 1),
-                     num_classes=2, classes=["a", "b"])
+    ctx = run_context(shape=(1, 1, 1), classes=["a", "b"])
     pe = pe_method.PE(cfg, ctx)
     pe.api = _CountingAPI()
     pop = pe.api.random_api(np.full(5, -1), generator=torch.Generator().manual_seed(0))

@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from dpsyn.data.base import Split
-from dpsyn.methods.base import Method, PrivacyBudget, RunContext, Samples
+from dpsyn.methods.base import Method, PrivacyBudget, Samples
 from dpsyn.privacy import (
     ApproxDPEvent,
     PrivacyLedger,
@@ -26,6 +26,7 @@ from dpsyn.privacy import (
     dpsgd_noise_multiplier,
     laplace_scale,
 )
+from tests.conftest import run_context
 
 LABELS = np.array([0] * 30 + [1] * 5 + [2] * 65)
 
@@ -170,8 +171,7 @@ class _Dummy(Method):
 
 
 def _method(*, deterministic: bool = True, run_dir: Path | None = None) -> _Dummy:
-    ctx = RunContext(seed=0, deterministic_noise=deterministic, accountant="rdp", kind="table", shape=(5,),
-                     num_classes=3, classes=["a", "b", "c"], run_dir=run_dir)
+    ctx = run_context(deterministic_noise=deterministic, kind="table", shape=(5,), run_dir=run_dir)
     return _Dummy({}, ctx)
 
 

@@ -58,7 +58,7 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None) -> dict[str
         raise ConfigError(f"{bad[0]}: only metric settings can change when re-scoring; allowed: metrics=..., metrics.KEY=VALUE")
     if dotted:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotted))
-    data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir)
+    data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir, public=False)  # metrics read none
     with np.load(run_dir / "samples.npz") as z:
         y = z["y"] if z["y"].size else None
         samples = Samples(z["x"], y, {"loaded_from": str(run_dir / "samples.npz")})

@@ -55,9 +55,11 @@ def _versions() -> dict[str, str]:
 
 
 def _make_logger(cfg: DictConfig) -> Any:
+    from dpsyn.console import quiet_logger
+
     if cfg.logger.get("_target_") is None:
         return None
-    return hydra.utils.instantiate(cfg.logger)
+    return quiet_logger(hydra.utils.instantiate(cfg.logger))
 
 
 def _family_loader(cfg: DictConfig):
@@ -65,7 +67,10 @@ def _family_loader(cfg: DictConfig):
 
     def load(family: str) -> Any:
         fam_cfg = OmegaConf.load(CONF_DIR / "dataset" / f"{family}.yaml")
-        return load_dataset(fam_cfg, seed=0, data_dir=cfg.paths.data_dir)
+        # the evaluation network never needs ImageNet's validation images (the public split cifar10/pets/cars/birds
+        # name); an embedded public split is still read, so the cached networks keep their keys (the data record)
+        return load_dataset(fam_cfg, seed=0, data_dir=cfg.paths.data_dir,
+                            public=fam_cfg.get("public") != "imagenet_val")
 
     return load
 
@@ -146,10 +151,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     t_start = time.perf_counter()
     check_composed(cfg)
-    data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir)
+    method_cls = METHODS.get(cfg.method.name)
+    # the dataset's yaml names its public split; it is read only for a method that uses public data
+    data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir, public=method_cls.needs_public)
     eps = float(cfg.eps)
     delta = check_delta(cfg.privacy.delta, n_private=len(data.private))
-    method_cls = METHODS.get(cfg.method.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
@@ -391,6 +397,9 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console entry point: check the command line, then hand over to Hydra."""
+    from dpsyn.console import quiet
+
+    quiet(sys.argv[1:])  # known library noise off, unless DPSYN_VERBOSE=1 or hydra.verbose=true
     try:
         preflight(sys.argv[1:])
     except ConfigError as e:

@@ -24,13 +24,16 @@ from dpsyn.data.idx import DataFormatError, read_idx
 __all__ = ["DATASETS", "DataBundle", "DataFormatError", "Split", "load_dataset", "read_idx"]
 
 
-def load_dataset(cfg: Any, *, seed: int, data_dir: str | Path) -> DataBundle:
+def load_dataset(cfg: Any, *, seed: int, data_dir: str | Path, public: bool = True) -> DataBundle:
     """Build the dataset described by ``cfg`` (a ``conf/dataset`` node: DictConfig, dict or attribute object).
 
     Args:
         cfg: The dataset config; ``cfg.name`` selects the loader.
         seed: The run seed; used only to draw the ``cfg.n_private`` subsample of the private set.
         data_dir: The run's ``${paths.data_dir}``, where data files are looked for and downloaded to.
+        public: False loads no public split although ``cfg.public`` names one (as for ``public: null``): a method
+            that does not use public data (``Method.needs_public`` False) neither reads nor holds it. The private
+            and eval splits do not depend on it.
 
     Returns:
         The private, eval and (optional) public splits with class names, family and provenance.
@@ -46,4 +49,19 @@ def load_dataset(cfg: Any, *, seed: int, data_dir: str | Path) -> DataBundle:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed={seed!r} must be an integer")
     loader = DATASETS.get(str(name))
+    if not public and cfg_get(cfg, "public") is not None:
+        cfg = _without_public(cfg)
     return loader(cfg, seed=seed, data_dir=Path(data_dir))
+
+
+def _without_public(cfg: Any) -> dict[str, Any]:
+    """A plain copy of the dataset config ``cfg`` with ``public: null``."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig):
+        out = OmegaConf.to_container(cfg, resolve=True)
+    elif hasattr(cfg, "keys"):
+        out = {k: cfg[k] for k in cfg.keys()}
+    else:
+        out = dict(vars(cfg))
+    return {**out, "public": None}

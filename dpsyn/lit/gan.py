@@ -184,7 +184,7 @@ class PeriodicCheckpoint(L.Callback):
     def _save(self, trainer: L.Trainer) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        trainer.save_checkpoint(tmp)
+        trainer.save_checkpoint(tmp, weights_only=False)  # the full training state, for resuming
         os.replace(tmp, self.path)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:

@@ -140,4 +140,4 @@ def train_decentralized(
     finally:
         for j in jobs:
             Path(j.data_file).unlink(missing_ok=True)  # owners' data copies do not outlive training
-    return [torch.load(work_dir / f"owner{k}.pt", map_location="cpu") for k in range(len(parts))]
+    return [torch.load(work_dir / f"owner{k}.pt", map_location="cpu", weights_only=True) for k in range(len(parts))]
