@@ -26,8 +26,9 @@ GROUPS = ("method", "dataset", "privacy", "metrics", "trainer", "logger", "paths
 
 
 def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
-    """The config files of a group (``conf/<group>/*.yaml``), by name."""
-    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+    """The config files of a group (``conf/<group>/*.yaml``), by name; a name starting with ``_`` is a part other
+    files include (``experiment/_base``), not a choice."""
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
 def datasets_with_public(conf_dir: Path = CONF_DIR) -> list[str]:
