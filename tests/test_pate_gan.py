@@ -29,7 +29,7 @@ def _flat(module: torch.nn.Module) -> torch.Tensor:
 
 def _image_ctx(**kw) -> RunContext:
     return RunContext(seed=0, deterministic_noise=True, accountant="rdp", kind="image", shape=(1, 28, 28),
-                      num_classes=3, classes=["a", "b", "c"], trainer={"limit_train_batches": 5}, **kw)
+                      num_classes=3, classes=["a", "b", "c"], max_steps=5, **kw)
 
 
 def _image_split(n: int = 60) -> Split:

@@ -254,9 +254,9 @@ class DPDRE(Method):
         priv, _ = clip_to_unit_ball(  # how many rows needed clipping is a private count: not kept
             np.asarray(self.models.encode(private.x), dtype=np.float32))
         n, batch = len(priv), int(cfg.batch_size)
-        epochs = int(ctx.trainer.get("max_epochs") or cfg.epochs)
+        epochs = int(ctx.max_epochs or cfg.epochs)
         steps = planned_steps(epochs=epochs, batches_per_epoch=math.ceil(n / batch),
-                              limit_train_batches=ctx.trainer.get("limit_train_batches"))
+                              limit_train_batches=ctx.batch_limit)
         self.estimator = DensityRatioEstimator(priv.shape[1], hidden=int(cfg.hidden), lr=float(cfg.lr), seed=ctx.seed)
         self.dp_info: dict[str, Any] = {"steps_planned": steps, "epochs": epochs, "batch_size": batch,
                                         "public_batch_size": self.public_batch_size}
