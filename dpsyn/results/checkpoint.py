@@ -198,3 +198,27 @@ def drop_keys(path: str | Path, keys: tuple[str, ...] | list[str]) -> bool:
         return False
     atomic_torch_save(path, {k: v for k, v in blob.items() if k not in keys})
     return True
+
+
+def lightning_dp_steps(path: str | Path, dp: Mapping[str, Any] | None) -> int:
+    """The DP-SGD steps already made by the Lightning checkpoint at ``path`` (written by
+    :class:`dpsyn.lit.gan.PeriodicCheckpoint`, atomically; ``checkpoint["dpsyn"]`` holds the steps and the
+    calibration), for the Lightning methods that resume with ``Trainer.fit(ckpt_path=...)``. Its fingerprint is the
+    DP calibration: a checkpoint made under another noise multiplier or step budget is refused.
+
+    Args:
+        dp: this run's DP settings (``noise_multiplier``, ``max_steps``), or None for a non-private run.
+
+    Raises:
+        ValueError: the checkpoint's noise multiplier or step budget differs from this run's.
+    """
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=False)["dpsyn"]
+    want = (None, None) if dp is None else (dp["noise_multiplier"], dp["max_steps"])
+    if (state["noise_multiplier"], state["max_steps"]) != want:
+        raise ValueError(
+            f"{path} was trained with noise multiplier {state['noise_multiplier']} for {state['max_steps']} steps, "
+            f"this config calibrates {want[0]} for {want[1]}: resume with the same config, or use a new run directory"
+        )
+    return int(state["dp_steps"])
