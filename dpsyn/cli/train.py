@@ -213,9 +213,17 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         metrics, metric_s, metric_info = evaluate(
             samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir, seed=int(cfg.seed), load_family=_family_loader(cfg)
         )
-        extra, extra_info = method.report(data)
+        extra, extra_info = method.report()  # facts of the fitted method: it never gets the data
         metrics.update(extra)
         metric_info.update(extra_info)
+        target = method.membership_target()
+        if target is not None:  # attacks on the released models: dpsyn.metrics reads the private and eval rows
+            from dpsyn.metrics.membership import evaluate_membership
+
+            extra, extra_info = evaluate_membership(target, data.private, data.eval, seed=int(cfg.seed),
+                                                    dataset=data.name, num_classes=data.num_classes)
+            metrics.update(extra)
+            metric_info.update(extra_info)
         if logger is not None:
             logger.log_metrics({f"final/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
             if hasattr(logger, "log_image") and (run_dir / "samples.png").exists():

@@ -248,10 +248,19 @@ class Method(ABC):
             log.info("dropped %s (not DP outputs) from %s: training is over", ", ".join(keys), path)
         return done
 
-    def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Method-specific measurements added to result.json's metrics (e.g. attacks on the method's own
-        discriminators): (values, per-value info). Default: none."""
+    def report(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Facts about the fitted method added to result.json's metrics (noise levels, weight masses, the monitored
+        metrics of its iterations): (values, per-value info). It gets no data: anything measured against private or
+        evaluation rows is a metric (:mod:`dpsyn.metrics`), e.g. the attacks on :meth:`membership_target`.
+        Default: none."""
         return {}, {}
+
+    def membership_target(self) -> Any:
+        """What membership attacks on this method's released models need (a
+        :class:`dpsyn.metrics.membership.MembershipTarget`), or None (default) when the method is not measured that
+        way. The run evaluates it with :func:`dpsyn.metrics.membership.evaluate_membership`, which alone sees the
+        evaluation split."""
+        return None
 
     def public_models(self) -> Any:
         """The run's public models (encoder h, generator g; :mod:`dpsyn.public`), loaded from the cache or trained

@@ -310,9 +310,9 @@ class DPDRE(Method):
             is_private = self.pool.private_class >= 0
         return float(self.weights[is_private].sum()) if len(self.weights) else 0.0
 
-    def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def report(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Private-class weight mass (and what uniform weights would give), effective sample size, DP-SGD settings."""
-        names = getattr(data, "public_classes", None)
+        names = self.ctx.public_classes
         mass = self.private_class_mass(names)
         if names is not None:
             wanted = {c.casefold() for c in self.ctx.classes}

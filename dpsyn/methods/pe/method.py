@@ -436,7 +436,7 @@ class PE(Method):
             "history": self.history, "accounting": f"GDP: mu = sqrt({pe_releases(self.cfg)})/sigma",
         })
 
-    def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def report(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The monitored metrics of the first (RANDOM_API) and the last population, at the population size."""
         if not self.history:
             return {}, {}
