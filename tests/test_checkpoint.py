@@ -126,3 +126,15 @@ def test_methods_read_no_trainer_settings_outside_lightning() -> None:
         if path.name not in lightning:
             assert "ctx.trainer" not in text, path
         assert not re.search(r"^def _device\(|^def capped_steps\(", text, re.M), path  # RunContext has them
+
+
+def test_lightning_dp_steps_refuses_another_calibration(tmp_path: Path) -> None:
+    from dpsyn.results.checkpoint import lightning_dp_steps
+
+    path = tmp_path / "last.ckpt"
+    torch.save({"dpsyn": {"dp_steps": 7, "noise_multiplier": 1.2, "max_steps": 20}}, path)
+    assert lightning_dp_steps(path, {"noise_multiplier": 1.2, "max_steps": 20, "generator": None}) == 7
+    with pytest.raises(ValueError, match="was trained with noise multiplier 1.2 for 20 steps"):
+        lightning_dp_steps(path, {"noise_multiplier": 1.3, "max_steps": 20})
+    with pytest.raises(ValueError, match="resume with the same config"):
+        lightning_dp_steps(path, None)  # a private checkpoint under a non-private run
