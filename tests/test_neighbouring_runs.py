@@ -104,12 +104,10 @@ VARYING: dict[str, dict[str, str]] = {
            "checkpoint:pe.pt:history.*": "the DP populations' metrics against the public eval split (post-processing)",
            "checkpoint:pe.pt:fingerprint": "a hash of the configuration and n (refuses resuming under another)"},
     "g_pate": {
-        "*events.*.answered": "answered queries: the noisy threshold check's output (DP)",
-        "checkpoint:g_pate.pt:event.answered": "answered queries: the noisy threshold check's output (DP)",
+        "*events.*.answered": "answered queries: the noisy threshold check's output (DP; also the checkpoints' ledger)",
     },
     "pate_gan": {
-        "*events.*.answered": "answered queries: the noisy threshold check's output (DP)",
-        "checkpoint:pate_gan.pt:event.answered": "answered queries: the noisy threshold check's output (DP)",
+        "*events.*.answered": "answered queries: the noisy threshold check's output (DP; also the checkpoints' ledger)",
     },
     "gs_wgan": {},
     "public_uniform": {},
