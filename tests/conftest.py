@@ -83,6 +83,7 @@ def run_context(
         **kw: any other RunContext field (``run_dir``, ``trainer``, ``deterministic_noise``, ...), applied last.
     """
     from dpsyn.methods import RunContext
+    from dpsyn.methods.base import run_limits
 
     if shape is None:
         shape = (1, 28, 28) if kind == "image" else (4,)
@@ -98,6 +99,9 @@ def run_context(
                                if v is not None},
                       cache_dir=str(cfg.paths.cache_dir), data_dir=str(cfg.paths.data_dir))
     fields.update(kw)
+    # device, max_steps, ...: resolved from the trainer settings as the run does, unless given
+    for key, value in run_limits(fields.get("trainer")).items():
+        fields.setdefault(key, value)
     return RunContext(**fields)
 
 

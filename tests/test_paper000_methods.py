@@ -139,7 +139,7 @@ def test_mge_clips_features_outside_the_unit_ball_and_publishes_no_count(monkeyp
     m.fit(private, PrivacyBudget(1.0, 1e-5), ledger)
     assert clipped == [7]  # the private features went through the clip ...
     assert not [k for k in vars(m) if "clip" in k]  # ... and its count was not kept
-    values, _ = m.report(None)
+    values, _ = m.report()
     assert not [k for k in values if "clip" in k]
     assert values["mge_sigma_mean"] == pytest.approx(_paper_sigma(0.5, 0.5e-5), rel=1e-12)
     assert [e.kind for e in ledger.events] == ["approx_dp", "approx_dp"]

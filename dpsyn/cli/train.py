@@ -96,43 +96,39 @@ def fit_fingerprint(cfg: DictConfig, delta: float) -> dict[str, Any]:
     }, sort_keys=True, default=str))
 
 
+def _fitted_checkpointer(path: Path, fingerprint: dict[str, Any]) -> Any:
+    from dpsyn.results.checkpoint import Checkpointer
+
+    return Checkpointer(path, fingerprint, version=FITTED_STATE_VERSION, what="fitted")
+
+
 def save_fitted_state(path: Path, method: Any, ledger: Any, fingerprint: dict[str, Any], fit_s: float) -> bool:
-    """Write the method's fitted state with the ledger it was fitted under to ``path``, atomically.
+    """Write the method's fitted state with the ledger it was fitted under to ``path``, atomically (through the one
+    checkpointer, :class:`dpsyn.results.checkpoint.Checkpointer`).
 
     Returns:
         False (nothing written) when the method keeps no fitted state (:meth:`Method.fitted_state` is None).
     """
-    from dpsyn.results.io import atomic_torch_save
-
     state = method.fitted_state()
     if state is None:
         return False
-    atomic_torch_save(path, {"version": FITTED_STATE_VERSION, "fingerprint": fingerprint,
-                             "ledger": ledger.to_dict(), "fit_s": float(fit_s), "state": state})
+    _fitted_checkpointer(path, fingerprint).save(0, {"fit_s": float(fit_s), "state": state}, ledger)
     log.info("fitted state and ledger saved to %s", path)
     return True
 
 
 def load_fitted_state(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
-    """The fitted state a run saved at ``path`` (:func:`save_fitted_state`), or None when there is none.
+    """The fitted state a run saved at ``path`` (:func:`save_fitted_state`): ``{"state", "ledger", "fit_s"}``, or
+    None when there is none.
 
     Raises:
         ValueError: the state was made under another configuration (or by another version of this file).
     """
-    import torch
-
-    if not path.is_file():
+    # on the device it was saved from (the same machine's run): the fitted attributes are whole modules
+    saved = _fitted_checkpointer(path, fingerprint).load(map_location=None)
+    if saved is None:
         return None
-    blob = torch.load(path, weights_only=False)  # on the device it was saved from (the same machine's run)
-    if blob.get("version") != FITTED_STATE_VERSION:
-        raise ValueError(f"{path} has fitted-state version {blob.get('version')!r}, expected {FITTED_STATE_VERSION}: "
-                         "use a new run directory")
-    if blob.get("fingerprint") != fingerprint:
-        saved = blob.get("fingerprint") or {}
-        differing = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
-        raise ValueError(f"{path} was fitted under another configuration (differing: {', '.join(differing)}): "
-                         "resume with the same config, or use a new run directory")
-    return blob
+    return {"state": saved.state["state"], "ledger": saved.ledger, "fit_s": saved.state["fit_s"]}
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
@@ -144,6 +140,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """
     from dpsyn.data import load_dataset
     from dpsyn.methods import METHODS, PrivacyBudget, RunContext
+    from dpsyn.methods.base import run_limits
     from dpsyn.metrics import evaluate, make_monitor
     from dpsyn.privacy import PrivacyLedger
     from dpsyn.results.grid import save_sample_grid
@@ -170,6 +167,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         num_classes=data.num_classes,
         classes=list(data.classes),
         trainer=trainer_cfg,
+        **run_limits(trainer_cfg),
         logger=logger,
         run_dir=run_dir,
         public=cfg.get("public"),
@@ -224,9 +222,17 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         metrics, metric_s, metric_info = evaluate(
             samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir, seed=int(cfg.seed), load_family=_family_loader(cfg)
         )
-        extra, extra_info = method.report(data)
+        extra, extra_info = method.report()  # facts of the fitted method: it never gets the data
         metrics.update(extra)
         metric_info.update(extra_info)
+        target = method.membership_target()
+        if target is not None:  # attacks on the released models: dpsyn.metrics reads the private and eval rows
+            from dpsyn.metrics.membership import evaluate_membership
+
+            extra, extra_info = evaluate_membership(target, data.private, data.eval, seed=int(cfg.seed),
+                                                    dataset=data.name, num_classes=data.num_classes)
+            metrics.update(extra)
+            metric_info.update(extra_info)
         if logger is not None:
             logger.log_metrics({f"final/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
             if hasattr(logger, "log_image") and (run_dir / "samples.png").exists():

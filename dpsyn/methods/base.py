@@ -95,7 +95,15 @@ class RunContext:
         deterministic_noise: seed DP noise from ``seed`` (tests only; such a run is not private).
         accountant: DP-SGD accountant name ("rdp" or "prv").
         kind, shape, num_classes, classes: the dataset's.
-        trainer: Lightning Trainer keyword arguments (from ``conf/trainer``).
+        trainer: Lightning Trainer keyword arguments (from ``conf/trainer``), for methods that build a Lightning
+            Trainer; hand-written loops read the resolved ``device`` and step limits below instead.
+        device: the torch device string hand-written loops train on, resolved from the trainer's accelerator by
+            :func:`run_limits` ("cuda" when the accelerator asks for a GPU and one is there, else "cpu").
+        max_steps: a cap on a hand-written loop's steps (an integer ``trainer.limit_train_batches``, e.g.
+            ``trainer=debug``: 5), or None; :meth:`capped_steps` applies it.
+        max_epochs: the trainer's ``max_epochs`` (overrides a method's own epoch count), or None.
+        batch_limit: the trainer's ``limit_train_batches`` as Lightning reads it (a float is a fraction of an epoch,
+            an int a count), for epoch-based loops that plan their steps; or None.
         logger: a Lightning logger or None.
         run_dir: the run directory (checkpoints go here).
         public: the ``conf/public`` node (public models of paper 000), loaded on demand by :meth:`Method.public_models`.
@@ -121,6 +129,32 @@ class RunContext:
     data_dir: str | None = None
     public_classes: list[str] | None = None
     monitor: Any = None
+    device: str = "cpu"
+    max_steps: int | None = None
+    max_epochs: int | None = None
+    batch_limit: int | float | None = None
+
+    def capped_steps(self, steps: int) -> int:
+        """``steps``, capped by :attr:`max_steps` when set."""
+        return steps if self.max_steps is None else min(steps, int(self.max_steps))
+
+
+def run_limits(trainer: dict[str, Any] | None) -> dict[str, Any]:
+    """The :class:`RunContext` fields resolved from the trainer config (``conf/trainer``): ``device``,
+    ``max_steps``, ``max_epochs``, ``batch_limit``. :mod:`dpsyn.cli.train` fills the run's context with them, so that
+    methods never read Trainer settings themselves."""
+    trainer = trainer or {}
+    acc = str(trainer.get("accelerator", "cpu"))
+    device = "cpu"
+    if acc in ("gpu", "cuda", "auto"):
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    limit = trainer.get("limit_train_batches")
+    max_steps = int(limit) if isinstance(limit, int) and not isinstance(limit, bool) else None
+    epochs = trainer.get("max_epochs")
+    return {"device": device, "max_steps": max_steps, "max_epochs": int(epochs) if epochs else None,
+            "batch_limit": limit}
 
 
 class Method(ABC):
@@ -203,27 +237,30 @@ class Method(ABC):
         """
         if not self.unreleased_checkpoint_keys or self.ctx.run_dir is None:
             return []
-        import torch
-
-        from dpsyn.results.io import atomic_torch_save
+        from dpsyn.results.checkpoint import drop_keys
 
         done = []
         for name, keys in self.unreleased_checkpoint_keys.items():
             path = Path(self.ctx.run_dir) / "checkpoints" / name
-            if not path.is_file():
+            if not drop_keys(path, keys):
                 continue
-            state = torch.load(path, map_location="cpu", weights_only=False)
-            if not any(k in state for k in keys):
-                continue
-            atomic_torch_save(path, {k: v for k, v in state.items() if k not in keys})
             done.append(str(path))
             log.info("dropped %s (not DP outputs) from %s: training is over", ", ".join(keys), path)
         return done
 
-    def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Method-specific measurements added to result.json's metrics (e.g. attacks on the method's own
-        discriminators): (values, per-value info). Default: none."""
+    def report(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Facts about the fitted method added to result.json's metrics (noise levels, weight masses, the monitored
+        metrics of its iterations): (values, per-value info). It gets no data: anything measured against private or
+        evaluation rows is a metric (:mod:`dpsyn.metrics`), e.g. the attacks on :meth:`membership_target`.
+        Default: none."""
         return {}, {}
+
+    def membership_target(self) -> Any:
+        """What membership attacks on this method's released models need (a
+        :class:`dpsyn.metrics.membership.MembershipTarget`), or None (default) when the method is not measured that
+        way. The run evaluates it with :func:`dpsyn.metrics.membership.evaluate_membership`, which alone sees the
+        evaluation split."""
+        return None
 
     def public_models(self) -> Any:
         """The run's public models (encoder h, generator g; :mod:`dpsyn.public`), loaded from the cache or trained

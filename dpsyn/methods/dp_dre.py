@@ -246,9 +246,9 @@ class DPDRE(Method):
         priv, _ = clip_to_unit_ball(  # how many rows needed clipping is a private count: not kept
             np.asarray(self.models.encode(private.x), dtype=np.float32))
         n, batch = len(priv), int(cfg.batch_size)
-        epochs = int(ctx.trainer.get("max_epochs") or cfg.epochs)
+        epochs = int(ctx.max_epochs or cfg.epochs)
         steps = planned_steps(epochs=epochs, batches_per_epoch=math.ceil(n / batch),
-                              limit_train_batches=ctx.trainer.get("limit_train_batches"))
+                              limit_train_batches=ctx.batch_limit)
         self.estimator = DensityRatioEstimator(priv.shape[1], hidden=int(cfg.hidden), lr=float(cfg.lr), seed=ctx.seed)
         self.dp_info: dict[str, Any] = {"steps_planned": steps, "epochs": epochs, "batch_size": batch,
                                         "public_batch_size": self.public_batch_size}
@@ -302,9 +302,9 @@ class DPDRE(Method):
             is_private = self.pool.private_class >= 0
         return float(self.weights[is_private].sum()) if len(self.weights) else 0.0
 
-    def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def report(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Private-class weight mass (and what uniform weights would give), effective sample size, DP-SGD settings."""
-        names = getattr(data, "public_classes", None)
+        names = self.ctx.public_classes
         mass = self.private_class_mass(names)
         if names is not None:
             wanted = {c.casefold() for c in self.ctx.classes}

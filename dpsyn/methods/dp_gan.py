@@ -32,24 +32,9 @@ from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
 from dpsyn.lit.dpsgd import charge_dpsgd, private_discriminator_loader
 from dpsyn.privacy import PrivacyLedger
+from dpsyn.results.checkpoint import lightning_dp_steps
 
 log = logging.getLogger(__name__)
-
-
-def _check_resumable(ckpt: Path, dp: dict[str, Any] | None) -> int:
-    """Steps already made by the checkpointed run; refuses a checkpoint made under another privacy calibration.
-
-    Raises:
-        ValueError: the checkpoint's noise multiplier or step budget differs from this run's.
-    """
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)["dpsyn"]
-    want = (None, None) if dp is None else (dp["noise_multiplier"], dp["max_steps"])
-    if (state["noise_multiplier"], state["max_steps"]) != want:
-        raise ValueError(
-            f"{ckpt} was trained with noise multiplier {state['noise_multiplier']} for {state['max_steps']} steps, "
-            f"this config calibrates {want[0]} for {want[1]}: resume with the same config, or use a new run directory"
-        )
-    return int(state["dp_steps"])
 
 
 class _ProportionalLabelGAN(GANModule):
@@ -166,7 +151,7 @@ class DPGAN(Method):
             callbacks.append(PeriodicCheckpoint(ckpt, int(cfg.checkpoint_every)))
             if ckpt.is_file():
                 ckpt_path = str(ckpt)
-                self.module.dp_steps = _check_resumable(ckpt, dp)
+                self.module.dp_steps = lightning_dp_steps(ckpt, dp)
                 log.info("resuming dp_gan from %s (%d discriminator steps already made)", ckpt, self.module.dp_steps)
         trainer = L.Trainer(
             max_epochs=epochs,

@@ -50,8 +50,8 @@ from dpsyn.lit.feature_gan import FeatureDiscriminator, FeatureGANModule, Featur
 from dpsyn.lit.dpsgd import charge_dpsgd, private_discriminator_loader
 from dpsyn.lit.gan import PeriodicCheckpoint
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
-from dpsyn.methods.dp_gan import _check_resumable
 from dpsyn.privacy import PrivacyLedger
+from dpsyn.results.checkpoint import lightning_dp_steps
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class FeatureGANMethod(Method):
             callbacks.append(PeriodicCheckpoint(last, every))
             if resuming:
                 ckpt_path = str(last)
-                self.module.dp_steps = _check_resumable(last, dp)  # refuses another calibration
+                self.module.dp_steps = lightning_dp_steps(last, dp)  # refuses another calibration
                 log.info("%s: resuming the DP stage from %s (%d discriminator steps already made)",
                          name, last, self.module.dp_steps)
         try:

@@ -206,11 +206,6 @@ def mepf_loss(
 # the method
 
 
-def _device(ctx: Any) -> torch.device:
-    acc = str((ctx.trainer or {}).get("accelerator", "cpu"))
-    return torch.device("cuda" if acc in ("gpu", "cuda", "auto") and torch.cuda.is_available() else "cpu")
-
-
 @METHODS.register("dp_mepf")
 class DPMEPF(Method):
     """DP-MEPF (see the module docstring): one DP release of mean embeddings, then a generator matched to them."""
@@ -247,7 +242,7 @@ class DPMEPF(Method):
     ) -> None:
         cfg, ctx = self.cfg, self.ctx
         torch.manual_seed(ctx.seed)
-        device = _device(ctx)
+        device = torch.device(ctx.device)
         models = self.public_models()
         layers = resolve_layers(models.encoder, cfg.feature_layers)
         phi = PerceptualFeatures(models.encoder, layers, pool=cfg.layer_pool)  # type: ignore[arg-type]

@@ -366,7 +366,7 @@ class DPMGE(Method):
                 out[f"budget_{name}"] = [r.epsilon, r.delta]
         return out
 
-    def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def report(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """sigma of each release, clamped variance dimensions."""
         summary = self._summary()
         values: dict[str, Any] = {"mge_clamped_dims": summary["clamped_dims"]}

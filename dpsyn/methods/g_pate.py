@@ -40,7 +40,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -66,7 +65,7 @@ from dpsyn.privacy import (
     dp_generator,
     pate_max_queries,
 )
-from dpsyn.results.io import atomic_torch_save
+from dpsyn.results.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 
@@ -183,37 +182,6 @@ def dp_grad_agg(
 # the method
 
 
-def _device(ctx: Any) -> torch.device:
-    acc = str((ctx.trainer or {}).get("accelerator", "cpu"))
-    return torch.device("cuda" if acc in ("gpu", "cuda", "auto") and torch.cuda.is_available() else "cpu")
-
-
-def capped_steps(steps: int, trainer: Any) -> int:
-    """``steps``, capped by an integer ``trainer.limit_train_batches`` (``trainer=debug``: 5), for methods with their
-    own training loop."""
-    limit = (trainer or {}).get("limit_train_batches")
-    if isinstance(limit, int) and not isinstance(limit, bool):
-        return min(steps, int(limit))
-    return steps
-
-
-def load_resumable(ckpt: Path | None, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
-    """The state saved at ``ckpt`` (CPU tensors; ``load_state_dict`` moves them), or None when there is none.
-
-    Raises:
-        ValueError: the checkpoint was made with another ``fingerprint`` (a different config or privacy target).
-    """
-    if ckpt is None or not ckpt.is_file():
-        return None
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
-    if state["fingerprint"] != fingerprint:
-        raise ValueError(
-            f"{ckpt} was made with {state['fingerprint']}, this run has {fingerprint}: "
-            "resume with the same config, or use a new run directory"
-        )
-    return state
-
-
 def check_pate_hyperparameters(
     cfg: Any, *, ints: tuple[str, ...], floats: tuple[str, ...], hidden: tuple[str, ...]
 ) -> dict[str, Any]:
@@ -304,7 +272,7 @@ class GPATE(Method):
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
     ) -> None:
         hp, ctx = self.hp, self.ctx
-        device = _device(ctx)
+        device = torch.device(ctx.device)
         n_rows, n_teachers = len(private), hp["teachers"]
         if n_rows < n_teachers:
             raise ValueError(f"method.teachers={n_teachers} exceeds the {n_rows} private examples (one row at least each)")
@@ -329,8 +297,8 @@ class GPATE(Method):
         else:
             event, dp_gen = None, None
         start = 0
-        ckpt = Path(ctx.run_dir) / "checkpoints" / CHECKPOINT if ctx.run_dir is not None and hp["checkpoint_every"] else None
-        state = load_resumable(ckpt, self._fingerprint(budget))
+        ckpt = Checkpointer.in_run(ctx.run_dir, CHECKPOINT, self._fingerprint(budget), every=hp["checkpoint_every"])
+        saved = ckpt.load()
         # tables: the class proportions, released once (Laplace) before anything else; a re-run in this run
         # directory reuses them (Method.release_class_proportions keeps them there)
         self.proportions: np.ndarray | None = None
@@ -338,23 +306,30 @@ class GPATE(Method):
             self.proportions, rest = self.release_class_proportions(private, budget, ledger, hp["class_ratio_epsilon"])
         else:
             rest = budget
-        if state is not None:
-            start = int(state["step"])
+        if saved is not None:
+            state, start = saved.state, saved.step
             G.load_state_dict(state["G"])
             opt_g.load_state_dict(state["opt_g"])
             ens.load_state_dict(state["teachers"])
             ens.optimizer.load_state_dict(state["opt_teachers"])
             parts.load_state_dict(state["partitions"])
             gen.set_state(state["gen"])
+            # the ledger as saved: the queries made before the checkpoint, charged once (the class proportions were
+            # charged again just above, from their saved release)
+            restored = saved.restore_ledger(ledger)
+            event_id: int | None = None
             if event is not None:
-                event = PATEEvent.from_dict(state["event"])  # the queries made before the checkpoint, charged once
+                event_id = restored[-1]
+                event = ledger.events[event_id]
                 if ctx.deterministic_noise:
                     dp_gen.set_state(state["dp_gen"])  # generator states are CPU byte tensors
-            log.info("resuming g_pate from %s at step %d", ckpt, start)
-        event_id = ledger.add(event) if event is not None else None
-        if event is None:
+            log.info("resuming g_pate from %s at step %d", ckpt.path, start)
+        elif event is not None:
+            event_id = ledger.add(event)
+        else:
+            event_id = None
             ledger.add(NonPrivateEvent(label="g_pate trained without noise (eps=inf): plain argmax of the votes"))
-        elif hp["bound"] == "data_independent":
+        if event is not None and hp["bound"] == "data_independent":
             q = pate_max_queries(epsilon=rest.epsilon, sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"],
                                  delta=rest.delta)
             log.info("g_pate: the data-independent bound allows about %d queries = %d steps of %d (eps=%g, delta=%g)",
@@ -362,7 +337,7 @@ class GPATE(Method):
         # training labels: uniform over the classes (images), or drawn from the released proportions (tables)
         label_probs = None if self.proportions is None else torch.as_tensor(self.proportions, dtype=torch.float32)
 
-        max_steps = capped_steps(hp["steps"], ctx.trainer)
+        max_steps = ctx.capped_steps(hp["steps"])
         self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": parts.size}
         t0 = time.perf_counter()
         step = start
@@ -409,14 +384,13 @@ class GPATE(Method):
                 log.info("g_pate step %d: answered %.3f of %d queries, eps %.4f (%s)", step,
                          answered.float().mean().item(), b * k, ledger.epsilon() if event is not None else math.inf,
                          hp["bound"])
-            if ckpt is not None and step % hp["checkpoint_every"] == 0:
-                atomic_torch_save(ckpt, {
-                    "step": step, "fingerprint": self._fingerprint(budget), "G": G.state_dict(),
+            if ckpt.due(step):
+                ckpt.save(step, {
+                    "G": G.state_dict(),
                     "opt_g": opt_g.state_dict(), "teachers": ens.state_dict(), "opt_teachers": ens.optimizer.state_dict(),
                     "partitions": parts.state_dict(), "gen": gen.get_state(),
-                    "event": event.to_dict() if event is not None else None,
                     "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
-                })
+                }, ledger)
         G.eval()
         self.G, self.device = G, device
         self.train_log.update(steps=step, fit_s=time.perf_counter() - t0, queries=0 if event is None else event.queries,

@@ -55,7 +55,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,7 +64,6 @@ from torch.func import stack_module_state
 
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
-from dpsyn.methods.g_pate import _device, capped_steps
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
 from dpsyn.privacy import (
@@ -78,7 +76,7 @@ from dpsyn.privacy import (
     gaussian_mechanism,
     replace_one_noise_std,
 )
-from dpsyn.results.io import atomic_torch_save
+from dpsyn.results.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 
@@ -364,11 +362,11 @@ class GSWGAN(Method):
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
     ) -> None:
         hp, ctx = self.hp, self.ctx
-        device = _device(ctx)
+        device = torch.device(ctx.device)
         n_rows, K, b = len(private), hp["critics"], hp["batch_size"]
         if n_rows < K:
             raise ValueError(f"method.critics={K} exceeds the {n_rows} private examples (one row at least each)")
-        iterations = capped_steps(hp["iterations"], ctx.trainer)
+        iterations = ctx.capped_steps(hp["iterations"])
         if budget.private:
             sigma = gs_wgan_sigma(epsilon=budget.epsilon, delta=budget.delta, critics=K, iterations=iterations,
                                   batch_size=b, accountant=ctx.accountant)
@@ -404,15 +402,11 @@ class GSWGAN(Method):
 
         fingerprint = self._fingerprint(budget, iterations, sigma)
         start, released = 0, 0
-        ckpt = None
-        if ctx.run_dir is not None and hp["checkpoint_every"]:
-            ckpt = Path(ctx.run_dir) / "checkpoints" / CHECKPOINT
-        if ckpt is not None and ckpt.is_file():
-            state = torch.load(ckpt, map_location="cpu", weights_only=False)
-            if state["fingerprint"] != fingerprint:
-                raise ValueError(f"{ckpt} was made with {state['fingerprint']}, this run has {fingerprint}: "
-                                 "resume with the same config, or use a new run directory")
-            start, released = int(state["iteration"]), int(state["releases"])
+        ckpt = Checkpointer.in_run(ctx.run_dir, CHECKPOINT, fingerprint, every=hp["checkpoint_every"])
+        saved = ckpt.load()
+        if saved is not None:
+            state, start = saved.state, saved.step
+            released = int(state["releases"])
             G.load_state_dict(state["G"])
             G_ema.load_state_dict(state["G_ema"])
             opt_g.load_state_dict(state["opt_g"])
@@ -423,11 +417,14 @@ class GSWGAN(Method):
                 picker.set_state(state["picker"])
                 if dp_gen is not None:
                     dp_gen.set_state(state["dp_gen"])
-            log.info("resuming gs_wgan from %s at iteration %d (%d sanitised releases already charged)", ckpt,
+            # the ledger as saved: its one event holds the sanitised releases already made, charged once
+            restored = saved.restore_ledger(ledger)
+            event_id: int | None = restored[0] if budget.private else None
+            log.info("resuming gs_wgan from %s at iteration %d (%d sanitised releases already charged)", ckpt.path,
                      start, released)
-        if budget.private:
+        elif budget.private:
             # one event, added before the first release and grown before each one: a crash leaves it complete
-            event_id: int | None = ledger.add(SampledGaussianEvent(
+            event_id = ledger.add(SampledGaussianEvent(
                 noise_multiplier=sigma / SENSITIVITY_FACTOR, sample_rate=1.0 / K, steps=released,
                 accountant=ctx.accountant,
                 label=f"gs_wgan sanitised generator gradients (clip {hp['clip']:g}, noise std {sigma:.4g} C, "
@@ -463,14 +460,14 @@ class GSWGAN(Method):
                     log.info("gs_wgan iteration %d/%d: critic %d, W estimate %.4f", it, iterations, k, w)
                 else:
                     log.info("gs_wgan iteration %d/%d: eps %.4f", it, iterations, ledger.epsilon())
-            if ckpt is not None and it % hp["checkpoint_every"] == 0:
-                atomic_torch_save(ckpt, {
-                    "iteration": it, "releases": released, "fingerprint": fingerprint, "G": G.state_dict(),
+            if ckpt.due(it):
+                ckpt.save(it, {
+                    "releases": released, "G": G.state_dict(),
                     "G_ema": G_ema.state_dict(), "opt_g": opt_g.state_dict(), "critics": bank.state_dict(),
                     "partitions": parts.state_dict(), "gen": gen.get_state(),
                     "picker": picker.get_state() if (ctx.deterministic_noise or not budget.private) else None,
                     "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
-                })
+                }, ledger)
         G.eval()
         G_ema.eval()
         self.G = G_ema if hp["ema"] > 0 else G

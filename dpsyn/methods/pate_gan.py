@@ -39,7 +39,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,10 +50,7 @@ from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.methods.g_pate import (
     TEACHER_ARCHS,
-    _device,
-    capped_steps,
     check_pate_hyperparameters,
-    load_resumable,
 )
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import (
@@ -72,7 +68,7 @@ from dpsyn.privacy import (
     dp_generator,
     pate_max_queries,
 )
-from dpsyn.results.io import atomic_torch_save
+from dpsyn.results.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +223,7 @@ class PATEGAN(Method):
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
     ) -> None:
         hp, ctx = self.hp, self.ctx
-        device = _device(ctx)
+        device = torch.device(ctx.device)
         n_rows, n_teachers, b = len(private), hp["teachers"], hp["batch_size"]
         if n_rows < n_teachers:
             raise ValueError(f"method.teachers={n_teachers} exceeds the {n_rows} private examples (one row at least "
@@ -253,35 +249,43 @@ class PATEGAN(Method):
         else:
             event, dp_gen = None, None
         start = 0
-        ckpt = Path(ctx.run_dir) / "checkpoints" / CHECKPOINT if ctx.run_dir is not None and hp["checkpoint_every"] else None
-        state = load_resumable(ckpt, self._fingerprint(budget))
-        if state is not None:
-            start = int(state["step"])
+        ckpt = Checkpointer.in_run(ctx.run_dir, CHECKPOINT, self._fingerprint(budget), every=hp["checkpoint_every"])
+        saved = ckpt.load()
+
+        # labels of the generated samples: uniform on images; on tables the Laplace-released class proportions
+        self.proportions: np.ndarray | None = None
+        rest = budget  # what the PATE queries may spend
+        if ctx.kind == "table":  # released once per run directory: a re-run reuses (and charges once) that release
+            self.proportions, rest = self.release_class_proportions(private, budget, ledger, hp["class_ratio_epsilon"])
+        if saved is not None:
+            state, start = saved.state, saved.step
             for module, key in ((G, "G"), (opt_g, "opt_g"), (S, "S"), (opt_s, "opt_s"), (ens, "teachers"),
                                 (ens.optimizer, "opt_teachers"), (parts, "partitions")):
                 module.load_state_dict(state[key])
             gen.set_state(state["gen"])
+            # the ledger as saved: the queries made before the checkpoint, charged once (the class proportions were
+            # charged again just above, from their saved release)
+            restored = saved.restore_ledger(ledger)
+            event_id: int | None = None
             if event is not None:
-                event = PATEEvent.from_dict(state["event"])  # the queries made before the checkpoint, charged once
+                event_id = restored[-1]
+                event = ledger.events[event_id]
                 if ctx.deterministic_noise:
                     dp_gen.set_state(state["dp_gen"])
-            log.info("resuming pate_gan from %s at step %d", ckpt, start)
-
-        # labels of the generated samples: uniform on images; on tables the Laplace-released class proportions
-        self.proportions: np.ndarray | None = None
-        if ctx.kind == "table":  # released once per run directory: a re-run reuses (and charges once) that release
-            self.proportions, _ = self.release_class_proportions(private, budget, ledger, hp["class_ratio_epsilon"])
-        event_id = ledger.add(event) if event is not None else None
-        if event is None:
+            log.info("resuming pate_gan from %s at step %d", ckpt.path, start)
+        elif event is not None:
+            event_id = ledger.add(event)
+        else:
+            event_id = None
             ledger.add(NonPrivateEvent(label="pate_gan trained without noise (eps=inf): plain argmax of the votes"))
-        elif hp["bound"] == "data_independent":
-            left = budget.epsilon - (hp["class_ratio_epsilon"] if ctx.kind == "table" else 0.0)
+        if event is not None and hp["bound"] == "data_independent":
+            left = rest.epsilon
             q = pate_max_queries(epsilon=left, sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"],
-                                 delta=budget.delta) if left > 0 else 0
+                                 delta=rest.delta) if left > 0 else 0
             log.info("pate_gan: the data-independent bound allows about %d queries = %d steps of %d (eps=%g left, "
-                     "delta=%g)", q, q // b, b, left, budget.delta)
+                     "delta=%g)", q, q // b, b, left, rest.delta)
 
-        max_steps = capped_steps(hp["steps"], ctx.trainer)
+        max_steps = ctx.capped_steps(hp["steps"])
         self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": parts.size}
         t0 = time.perf_counter()
         step, s_loss = start, math.nan
@@ -327,15 +331,14 @@ class PATEGAN(Method):
                 log.info("pate_gan step %d: %d of %d answered, %.3f voted real; S loss %.3f, G loss %.3f; eps %.4f (%s)",
                          step, int(answered.sum()), b, float(label[answered].float().mean()) if answered.any() else 0.0,
                          s_loss, g_loss.item(), ledger.epsilon() if event is not None else math.inf, hp["bound"])
-            if ckpt is not None and step % hp["checkpoint_every"] == 0:
-                atomic_torch_save(ckpt, {
-                    "step": step, "fingerprint": self._fingerprint(budget), "G": G.state_dict(),
+            if ckpt.due(step):
+                ckpt.save(step, {
+                    "G": G.state_dict(),
                     "opt_g": opt_g.state_dict(), "S": S.state_dict(), "opt_s": opt_s.state_dict(),
                     "teachers": ens.state_dict(), "opt_teachers": ens.optimizer.state_dict(),
                     "partitions": parts.state_dict(), "gen": gen.get_state(),
-                    "event": event.to_dict() if event is not None else None,
                     "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
-                })
+                }, ledger)
         G.eval()
         self.G, self.device = G, device
         self.train_log.update(steps=step, fit_s=time.perf_counter() - t0, queries=0 if event is None else event.queries,

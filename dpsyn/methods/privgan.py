@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpsyn.data.base import DataBundle, Split
+from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.privacy import NonPrivateEvent, PrivacyLedger
 
@@ -94,7 +94,6 @@ class PrivGAN(Method):
         mode = str(cfg.get("mode", "single"))  # single | decentralized (checked at compose time)
         L.seed_everything(ctx.seed, verbose=False)
         self.owner_idx = split_owners(private.y, self._fractions(), seed=ctx.seed)
-        self.private = private
         trainer_kwargs = dict(ctx.trainer)
         epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
         self.per_class = bool(cfg.get("per_class", False))
@@ -181,53 +180,21 @@ class PrivGAN(Method):
                                    "per_owner": [len(c) for c in chunks], "owner_of_row": "rows in owner order",
                                    "per_class_models": self.per_class})
 
-    def _attack_pool(self, data: DataBundle) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
-        a = self.cfg.attack
-        rng = np.random.default_rng(self.ctx.seed)
-        members_all = np.concatenate(self.owner_idx)
-        ratio = float(a.non_member_ratio)
-        # as many members as the held-out split allows at the stated ratio, so the random-guess rate is the same
-        # 1 / (1 + ratio) at every owner fraction and on small datasets (digits: 359 eval rows -> 39 members)
-        n_mem = max(1, min(int(a.n_members), len(members_all), int(len(data.eval) // ratio)))
-        n_non = min(int(round(n_mem * ratio)), len(data.eval))
-        mem = rng.choice(members_all, size=n_mem, replace=False)
-        non = rng.choice(len(data.eval), size=n_non, replace=False)
-        x = np.concatenate([self.private.x[mem], data.eval.x[non]])
-        y = np.concatenate([self.private.y[mem], data.eval.y[non]])
-        is_member = np.concatenate([np.ones(n_mem, bool), np.zeros(n_non, bool)])
-        return x, y, is_member, n_mem, n_non
+    def membership_target(self) -> Any:
+        """What the attacks need, all of it released (:mod:`dpsyn.metrics.membership` runs them with the private
+        members and the eval non-members; this class never sees the eval split): the owners' training rows as
+        candidate members, every owner's discriminator as the white-box scorer, the released samples (Monte-Carlo
+        attack) and each owner's share of them (per-owner utility)."""
+        from dpsyn.metrics.membership import MembershipTarget
 
-    def report(self, data: DataBundle) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The attacks: members = owners' training rows, non-members = held-out real rows (eval split).
-
-        White-box: every owner's discriminator scores the pool (privGAN). Monte-Carlo: the released samples only."""
-        from dpsyn.metrics.mia import monte_carlo_mia, whitebox_mia
-
-        a = self.cfg.attack
-        x, y, is_member, n_mem, n_non = self._attack_pool(data)
-        scores = self._scores(x, y)
-        out = whitebox_mia(scores, is_member, seed=self.ctx.seed)
-        values = {f"mia_wb_{k}": out[k] for k in ("acc_max", "acc_mean", "auc_max", "auc_mean", "baseline")}
-        pool = {"members": f"{n_mem} of the owners' training rows", "non_members": f"{n_non} rows of {data.name} eval"}
-        info = {"attack": "white-box discriminator scores (privGAN), top-|members| predicted members",
-                "discriminators": [f"D_{k} (owner {k})" + (" x per-class models" if self.per_class else "")
-                                   for k in range(len(self.owner_idx))], **pool}
-        infos = {k: info for k in values}
-        if getattr(self, "_samples", None) is not None and int(a.get("monte_carlo", 1)):
-            mc = monte_carlo_mia(x, is_member, self._samples[0], n_components=int(a.get("mc_components", 40)),
-                                 percentile=a.get("mc_percentile"), seed=self.ctx.seed)
-            mc_info = {"attack": "Monte-Carlo (Hilprecht et al. 2019): share of released samples within an "
-                                 "eps-ball of the candidate, PCA space fitted on the samples", "eps_ball": mc["eps_ball"],
-                       "radius": mc["radius"], "n_components": mc["n_components"],
-                       "n_synthetic": mc["n_synthetic"], **pool}
-            for k in ("acc", "auc"):
-                values[f"mia_mc_{k}"] = mc[k]
-                infos[f"mia_mc_{k}"] = mc_info
-        if int(a.get("per_owner_utility", 0)) and getattr(self, "_samples", None) is not None and len(self.owner_idx) > 1:
-            values_u, info_u = self._per_owner_utility(data)
-            values.update(values_u)
-            infos.update(info_u)
-        return values, infos
+        samples = getattr(self, "_samples", None)
+        groups = [(f"acc_owner{k}", rows, f"G_{k} (owner {k}, fraction {self._fractions()[k]})")
+                  for k, rows in enumerate(self._chunks)] if samples is not None else []
+        return MembershipTarget(
+            members=np.concatenate(self.owner_idx), scores=self._scores, settings=self.cfg.attack, samples=samples,
+            sample_groups=groups if len(self.owner_idx) > 1 else [],
+            info={"discriminators": [f"D_{k} (owner {k})" + (" x per-class models" if self.per_class else "")
+                                     for k in range(len(self.owner_idx))]})
 
     def _scores(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """(n_owners, n) discriminator scores; a per-class model's discriminators score the rows of its class."""
@@ -235,25 +202,6 @@ class PrivGAN(Method):
         for rows, s in self._by_class(y, lambda g, yy, rows: self.module.scores(torch.from_numpy(x[rows]), yy, group=g)):
             scores[:, rows] = s.numpy()
         return scores
-
-    def _per_owner_utility(self, data: DataBundle) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Downstream accuracy of each owner's generator alone (the paper's per-owner utility), one sealed read each."""
-        from dpsyn.metrics.sealed import SealedSplit
-        from dpsyn.metrics.utility import downstream_accuracy
-
-        x, y = self._samples
-        c = self.cfg.attack.utility
-        sealed = SealedSplit(data.eval.x, data.eval.y, name=f"{data.name}/eval", max_reads=len(self._chunks))
-        values, infos = {}, {}
-        for k, rows in enumerate(self._chunks):
-            out = downstream_accuracy((x[rows], y[rows]), sealed, num_classes=data.num_classes, epochs=int(c.epochs),
-                                      batch_size=int(c.batch_size), lr=float(c.lr), val_fraction=0.1,
-                                      seed=self.ctx.seed, progress=False)
-            values[f"acc_owner{k}"] = out["acc"]
-            infos[f"acc_owner{k}"] = {"generator": f"G_{k} (owner {k}, fraction {self._fractions()[k]})",
-                                      "n_train": out["n_train"], "selection": "held-out synthetic split",
-                                      "reference": f"{data.name} eval split (sealed)"}
-        return values, infos
 
 
 @METHODS.register("gan")

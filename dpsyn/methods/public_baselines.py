@@ -254,7 +254,7 @@ class PublicUniform(Method):
         return Samples(x, y, {"method": "public_uniform", "features": "public rows drawn uniformly",
                               "privacy": "no private data used", **self.pool.info})
 
-    def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def report(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Share of the public pool whose public class is a private class (what uniform weights put there)."""
         mass = float(np.mean(self.pool.private_class >= 0)) if len(self.pool) else 0.0
         return ({"public_private_class_mass": mass},

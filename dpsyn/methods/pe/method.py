@@ -62,6 +62,7 @@ from dpsyn.privacy import (
     gaussian_mechanism,
     gdp_noise_multiplier,
 )
+from dpsyn.results.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 
@@ -207,29 +208,22 @@ class PE(Method):
             return None
         return Path(self.ctx.run_dir) / "checkpoints" / "pe.pt"
 
-    def _save(self, state: dict[str, Any], ledger: PrivacyLedger) -> None:
-        from dpsyn.results.io import atomic_torch_save
+    def _checkpointer(self) -> Checkpointer:
+        return Checkpointer(self._ckpt_path(), self.fingerprint, version=CHECKPOINT_VERSION)
 
-        path = self._ckpt_path()
-        if path is None:
-            return
-        atomic_torch_save(path, {**state, "version": CHECKPOINT_VERSION, "fingerprint": self.fingerprint,
-                                 "ledger": ledger.to_dict(), "history": self.history})
+    def _save(self, state: dict[str, Any], ledger: PrivacyLedger) -> None:
+        self._checkpointer().save(state["iteration"], {**state, "history": self.history}, ledger)
 
     def _resume(self, ledger: PrivacyLedger) -> dict[str, Any] | None:
-        path = self._ckpt_path()
-        if path is None or not path.is_file():
+        saved = self._checkpointer().load()  # another calibration, schedule, population, backend or seed: refused
+        if saved is None:
             return None
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        if state.get("version") != CHECKPOINT_VERSION or state.get("fingerprint") != self.fingerprint:
-            raise ValueError(f"{path} was made by a PE run with another configuration (calibration, schedule, "
-                             f"population, backend or seed): resume with the same config, or use a new run directory")
         if len(ledger):
             raise ValueError("pe: cannot resume into a ledger that already holds events")
-        for event in state["ledger"]["events"]:
-            ledger.add(PrivacyEvent.from_dict(event))
+        saved.restore_ledger(ledger)
+        state = saved.state
         self.history = list(state.get("history", []))
-        log.info("pe: resuming from %s at iteration %d (%s); ledger restored with %d events", path,
+        log.info("pe: resuming from %s at iteration %d (%s); ledger restored with %d events", saved.path,
                  state["iteration"], state["stage"], len(ledger))
         return state
 
@@ -432,7 +426,7 @@ class PE(Method):
             "history": self.history, "accounting": f"GDP: mu = sqrt({pe_releases(self.cfg)})/sigma",
         })
 
-    def report(self, data: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def report(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The monitored metrics of the first (RANDOM_API) and the last population, at the population size."""
         if not self.history:
             return {}, {}
