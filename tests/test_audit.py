@@ -107,7 +107,6 @@ def _halve(monkeypatch: pytest.MonkeyPatch, module: object, name: str, **scale: 
 
 def _half_noise_doubles() -> dict[str, tuple]:
     import dpsyn.lit.dpsgd as dpsgd
-    import dpsyn.methods.dp_mepf as dp_mepf
     import dpsyn.methods.dp_mge as dp_mge
     import dpsyn.methods.g_pate as g_pate
     import dpsyn.methods.gs_wgan as gs_wgan

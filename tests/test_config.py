@@ -11,7 +11,6 @@ from omegaconf import open_dict
 
 from dpsyn.cli.config_check import ConfigError, check_composed, group_options, preflight
 from dpsyn.methods import METHODS
-from dpsyn.methods.base import Method
 from dpsyn.paths import REPO_DIR
 from tests.conftest import compose_cfg
 

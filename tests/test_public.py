@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 import dpsyn.public as public_mod
 from dpsyn.data import fmnist as fmnist_mod
+from dpsyn.config import load_group
 from dpsyn.paths import CONF_DIR
 from dpsyn.public import (
     EmbeddedEncoder,
@@ -145,7 +146,7 @@ def test_missing_checkpoints_say_what_to_download(tmp_path: Path) -> None:
         ICGANGenerator(tmp_path / "checkpoints" / "icgan_biggan_imagenet_res256")
     # the shipped real config points under data_dir/checkpoints and fails the same way
     with pytest.raises(FileNotFoundError, match=r"swav_800ep_pretrain\.pth\.tar") as err:
-        load_public_models(OmegaConf.load(CONF_DIR / "public" / "imagenet.yaml"), cache_dir=tmp_path,
+        load_public_models(load_group("public", "imagenet"), cache_dir=tmp_path,
                            data_dir=tmp_path)
     assert str(tmp_path / "checkpoints") in str(err.value)
 
@@ -277,7 +278,7 @@ def fake_fmnist_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _tiny_cfg(**extra: object):
-    cfg = OmegaConf.load(CONF_DIR / "public" / "fmnist.yaml")
+    cfg = load_group("public", "fmnist")
     tiny = {"encoder": {"feature_dim": 8, "width": 4, "epochs": 1, "batch_size": 32}, "generator": TINY_GAN,
             "quality": {"n": 0}}
     return OmegaConf.merge(cfg, tiny, extra)
@@ -320,7 +321,7 @@ def test_cache_round_trip_does_not_retrain(tmp_path: Path, fake_fmnist_dir: Path
 
 def test_public_configs_load_stand_alone_and_are_checked() -> None:
     for name in ("fmnist", "imagenet"):
-        cfg = OmegaConf.load(CONF_DIR / "public" / f"{name}.yaml")
+        cfg = load_group("public", name)
         public_mod.check_public_config(OmegaConf.to_container(cfg, resolve=True))
     bad = OmegaConf.to_container(_tiny_cfg())
     bad["encoder"]["dim"] = 3
@@ -392,7 +393,7 @@ def test_shipped_public_models_match_the_default_config_and_load_without_trainin
 
     monkeypatch.setattr(public_mod, "train_icgan", no_training)
     monkeypatch.setattr(public_mod, "train_classifier", no_training)
-    cfg = OmegaConf.load(CONF_DIR / "public" / "fmnist.yaml")
+    cfg = load_group("public", "fmnist")
     models = public_mod.load_public_models(cfg, cache_dir=tmp_path / "empty", data_dir=tmp_path / "data")
     assert {Path(models.record[k]["shipped"]).stem for k in ("encoder", "generator")} == {p.stem for p in shipped}
     x = np.random.default_rng(0).random((4, 1, 28, 28), dtype=np.float32)

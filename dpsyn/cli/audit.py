@@ -29,7 +29,6 @@ mechanism: ``mechanism``, ``eps_claimed``, ``delta``, ``eps_lower``, ``trials`` 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys

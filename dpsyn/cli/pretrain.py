@@ -20,6 +20,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from dpsyn.config import load_group
 from dpsyn.paths import CONF_DIR
 
 
@@ -114,7 +115,7 @@ def save_diffusion_grid(model: Any, cfg: DictConfig, path: str, *, per_class: in
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = load_dataset(OmegaConf.load(CONF_DIR / "dataset" / f"{cfg.public.dataset}.yaml"), seed=0,
+    data = load_dataset(load_group("dataset", cfg.public.dataset), seed=0,
                         data_dir=cfg.paths.data_dir)
     k = max(1, model.num_classes)
     labels = np.repeat(np.arange(k), per_class) if model.num_classes else np.full(per_class, -1)
@@ -157,12 +158,11 @@ def save_decoded_grid(models: Any, cfg: DictConfig, path: str, *, per_class: int
     """Rows = classes; in each row, pairs (real test image, decoded image of its feature)."""
     import numpy as np
     import torch
-    from omegaconf import OmegaConf
 
     from dpsyn.data import load_dataset
     from dpsyn.results.grid import save_sample_grid
 
-    data = load_dataset(OmegaConf.load(CONF_DIR / "dataset" / f"{cfg.public.dataset}.yaml"), seed=0,
+    data = load_dataset(load_group("dataset", cfg.public.dataset), seed=0,
                         data_dir=cfg.paths.data_dir)
     half = per_class // 2
     rows = np.concatenate([np.flatnonzero(data.eval.y == c)[:half] for c in range(data.num_classes)])

@@ -27,6 +27,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from dpsyn.cli.config_check import ConfigError, check_composed, check_delta, preflight
+from dpsyn.config import load_group
 from dpsyn.paths import CONF_DIR, REPO_DIR
 
 log = logging.getLogger("dpsyn")
@@ -66,7 +67,7 @@ def _family_loader(cfg: DictConfig):
     from dpsyn.data import load_dataset
 
     def load(family: str) -> Any:
-        fam_cfg = OmegaConf.load(CONF_DIR / "dataset" / f"{family}.yaml")
+        fam_cfg = load_group("dataset", family)
         # the evaluation network never needs ImageNet's validation images (the public split cifar10/pets/cars/birds
         # name); an embedded public split is still read, so the cached networks keep their keys (the data record)
         return load_dataset(fam_cfg, seed=0, data_dir=cfg.paths.data_dir,

@@ -25,7 +25,7 @@ from dpsyn.config.schema import (
 )
 
 __all__ = ["ACCOUNTANTS", "METHOD_FACTS", "METHOD_SCHEMAS", "SCHEMAS", "ConfigError", "MethodFacts", "SchemaError",
-           "fingerprint", "hydra_error_line", "register", "resolve_pate_noise", "schema_of", "validate"]
+           "fingerprint", "hydra_error_line", "load_group", "register", "resolve_pate_noise", "schema_of", "validate"]
 
 VALIDATED_GROUPS = ("method", "dataset", "privacy", "trainer", "metrics", "public")
 
@@ -42,6 +42,32 @@ def register() -> None:
     for group, schemas in SCHEMAS.items():
         for name, schema in schemas.items():
             cs.store(group=f"schema/{group}", name=name, node=schema)
+
+
+def load_group(group: str, name: str, conf_dir: Any = None) -> Any:
+    """``conf/<group>/<name>.yaml`` on its own, as composition would type it: the file's values over its schema
+    (``/schema/<group>/<schema>@_here_`` in its defaults list: the schema's types and defaults), without the defaults
+    list itself. For code that needs one group's node outside a composed run (a dataset family's evaluation data,
+    the public models' training data).
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from dpsyn.paths import CONF_DIR
+
+    path = Path(conf_dir or CONF_DIR) / group / f"{name}.yaml"
+    raw = OmegaConf.load(path)
+    entries = raw.pop("defaults", None) or []
+    base = None
+    for entry in entries:
+        m = re.fullmatch(rf"/schema/{group}/(\w+)@_here_", str(entry))
+        if m is not None:
+            base = OmegaConf.structured(SCHEMAS[group][m.group(1)])
+    return raw if base is None else OmegaConf.merge(base, raw)
 
 
 # ---- the validator ----------------------------------------------------------------------------------------------

@@ -273,13 +273,14 @@ def _load_cached(module: torch.nn.Module, weights: Path, meta: Path) -> dict[str
 def _public_data(cfg: dict[str, Any], data_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
     """The public split (subsampled to ``n_public``), the dataset bundle, and the data provenance for cache keys."""
     from dpsyn.data import Split, load_dataset
+    from dpsyn.config import load_group as _load_group
     from dpsyn.paths import CONF_DIR
 
     ds_file = CONF_DIR / "dataset" / f"{cfg['dataset']}.yaml"
     if not ds_file.is_file():
         options = sorted(p.stem for p in (CONF_DIR / "dataset").glob("*.yaml"))
         raise ValueError(f"public.dataset={cfg['dataset']!r}: no such dataset config; allowed: {', '.join(options)}")
-    data = load_dataset(OmegaConf.load(ds_file), seed=int(cfg["seed"]), data_dir=data_dir)
+    data = load_dataset(_load_group("dataset", str(cfg["dataset"])), seed=int(cfg["seed"]), data_dir=data_dir)
     if data.public is None or data.kind != "image":
         raise ValueError(f"public.dataset={cfg['dataset']!r} has no public image split to train public models on")
     public = data.public
@@ -414,11 +415,11 @@ def _measure_quality(
     """Decoded-class accuracy on ``quality.n`` test-split images, judged by the family's evaluation network."""
     from dpsyn.data import load_dataset
     from dpsyn.metrics.evalnet import load_or_train_evalnet
-    from dpsyn.paths import CONF_DIR
+    from dpsyn.config import load_group as _load_group
 
     n = min(int(cfg["quality"]["n"]), len(data.eval))
     rows = np.sort(np.random.default_rng(int(cfg["seed"])).choice(len(data.eval), size=n, replace=False))
-    family = load_dataset(OmegaConf.load(CONF_DIR / "dataset" / f"{data.family}.yaml"), seed=0, data_dir=data_dir)
+    family = load_dataset(_load_group("dataset", data.family), seed=0, data_dir=data_dir)
     net, net_record = load_or_train_evalnet(family, settings=dict(cfg["quality"]["evalnet"]), cache_dir=cache_dir)
     scores = decoded_class_accuracy((encoder, generator), data.eval.x[rows], data.eval.y[rows], net,
                                     seed=int(cfg["seed"]))

@@ -668,19 +668,18 @@ def measure_quality(
     * ``variation``: at degrees 0.2 / 0.5 / 0.8, for 256 eval images: the mean pixel MSE between image and variation
       and how often the variation is still classified as the image's class.
     """
-    from omegaconf import OmegaConf
 
     from dpsyn.data import load_dataset
     from dpsyn.metrics.evalnet import extract_features, load_or_train_evalnet
     from dpsyn.metrics.fidelity import frechet_distance_from_features
     from dpsyn.lit.classifier import predict
-    from dpsyn.paths import CONF_DIR
+    from dpsyn.config import load_group as _load_group
 
     t0 = time.perf_counter()
     seed = int(cfg["seed"])
     k = max(1, model.num_classes)
     per_class = max(1, int(cfg["diffusion"]["quality_n"]) // k)
-    family = load_dataset(OmegaConf.load(CONF_DIR / "dataset" / f"{data.family}.yaml"), seed=0, data_dir=data_dir)
+    family = load_dataset(_load_group("dataset", data.family), seed=0, data_dir=data_dir)
     net, net_record = load_or_train_evalnet(family, settings=dict(cfg["quality"]["evalnet"]), cache_dir=cache_dir)
     labels = np.repeat(np.arange(model.num_classes), per_class) if model.num_classes else np.full(per_class, -1)
     log.info("measuring the diffusion model: %d class-conditional samples", len(labels))
