@@ -19,6 +19,7 @@ from omegaconf import OmegaConf, open_dict
 
 import dpsyn.public as public_mod
 from dpsyn.data import fmnist as fmnist_mod
+from dpsyn.config import load_group
 from dpsyn.paths import CONF_DIR
 from dpsyn.public import SHIPPED_DIR, check_public_config, load_public_models
 from dpsyn.public import diffusion as diff_mod
@@ -45,11 +46,11 @@ TINY_PAPER000 = {"encoder": {"feature_dim": 8, "width": 4, "epochs": 1, "batch_s
 
 
 def _conf(name: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(CONF_DIR / "public" / f"{name}.yaml"), resolve=True)
+    return OmegaConf.to_container(load_group("public", name), resolve=True)
 
 
 def _tiny_cfg(**diffusion: object) -> dict:
-    return OmegaConf.to_container(OmegaConf.merge(OmegaConf.load(CONF_DIR / "public" / "fmnist.yaml"), TINY_PAPER000,
+    return OmegaConf.to_container(OmegaConf.merge(_conf("fmnist"), TINY_PAPER000,
                                                   {"diffusion": {**TINY_UNET, **diffusion}}))
 
 
