@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,13 @@ ACCEPTANCE = [
 
 @pytest.mark.parametrize(("argv", "line"), ACCEPTANCE, ids=[" ".join(a) for a, _ in ACCEPTANCE])
 def test_cli_bad_value_exits_2_in_one_line_and_writes_nothing(cli_env, tmp_path: Path, argv, line) -> None:
-    t0 = time.perf_counter()
+    # fast because the preflight imports no torch (test_preflight_imports_no_torch_and_no_method_module), not timed
+    # here: a timing assertion depends on the machine's load (the time is measured in the note)
     proc = subprocess.run([sys.executable, str(REPO_DIR / "train.py"), *argv], capture_output=True, text=True,
                           env=cli_env, cwd=tmp_path, timeout=60)
-    elapsed = time.perf_counter() - t0
     assert proc.returncode == 2, proc.stderr
     assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == [f"dpsyn: config error: {line}"]
     assert not (tmp_path / "outputs").exists() and not any(tmp_path.iterdir())  # no run directory, no file
-    assert elapsed < 15
 
 
 def test_preflight_imports_no_torch_and_no_method_module() -> None:

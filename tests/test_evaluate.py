@@ -19,6 +19,7 @@ def real_run(make_cfg, tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
+@pytest.mark.slow  # every metric of conf/metrics/full.yaml trained and scored (~40 s)
 def test_full_metrics_on_saved_samples(real_run: Path) -> None:
     before = read_json(real_run / "result.json")
     assert set(before["metrics"]) >= {"fd_fmnist", "acc"}

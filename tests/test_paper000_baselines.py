@@ -85,6 +85,7 @@ def test_perceptual_features_are_unit_norm_and_layer_names_are_checked() -> None
 # ------------------------------------------------------------------------------------------------ end to end
 
 
+@pytest.mark.slow  # the run itself is covered by test_all_methods; this adds eps=inf and each event kind
 @pytest.mark.parametrize("method", ["dp_gan_ft", "dp_mepf", "dp_gan_mi"])
 @pytest.mark.parametrize("eps", ["1", "inf"])
 def test_runs_end_to_end_within_budget(make_cfg, tmp_path: Path, method: str, eps: str) -> None:
@@ -186,7 +187,7 @@ def test_feature_gan_discriminator_sees_private_features_only_in_dp_steps(make_c
     assert len(with_private) <= event["steps"]  # one real batch per DP-SGD step
 
 
-@pytest.mark.parametrize("method", ["dp_gan_mi", "dp_mepf"])
+@pytest.mark.parametrize("method", [pytest.param("dp_gan_mi", marks=pytest.mark.slow), "dp_mepf"])  # dp_gan_mi: the DP-SGD draw test_dp_gan checks
 def test_dp_noise_is_not_reproducible_from_the_seed(make_cfg, tmp_path: Path, monkeypatch, method: str) -> None:
     """Two runs with the same seed differ; with privacy.deterministic_noise=true they agree, so the difference is
     the DP noise (and Poisson sampling), drawn from OS entropy. (dp_gan_ft shares dp_gan_mi's code.)"""

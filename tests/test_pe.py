@@ -273,7 +273,7 @@ class _Killed(RuntimeError):
     pass
 
 
-@pytest.mark.parametrize("stage", ["after_iteration", "after_histogram"])
+@pytest.mark.parametrize("stage", [pytest.param("after_iteration", marks=pytest.mark.slow), "after_histogram"])
 def test_resume_after_a_kill_continues_with_the_same_ledger(make_cfg, tmp_path: Path, monkeypatch, stage) -> None:
     from dpsyn.cli.train import run
 

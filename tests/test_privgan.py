@@ -74,7 +74,7 @@ def _owner_rows(cfg, fractions):
     return [_row_hashes(data.private.x[idx]) for idx in owners], label_of
 
 
-@pytest.mark.parametrize("method", ["privgan", "gan"])
+@pytest.mark.parametrize("method", ["privgan", pytest.param("gan", marks=pytest.mark.slow)])  # gan: the same code path, one owner
 def test_each_discriminator_sees_only_its_owner_and_central_only_generated(
     method: str, make_cfg, tmp_path: Path, monkeypatch
 ) -> None:
@@ -123,6 +123,7 @@ def test_central_pretraining_shows_real_data_to_dp_and_says_so(make_cfg, tmp_pat
     assert dp_real and dp_real <= owner_rows[0] | owner_rows[1]
 
 
+@pytest.mark.slow  # option variants of a run test_all_methods covers
 @pytest.mark.parametrize("overrides", [["method.arch=dcgan", "method.per_class=false"], ["method.per_class=false"]])
 def test_privgan_options_run(overrides: list[str], make_cfg, tmp_path: Path) -> None:
     cfg = make_cfg("method=privgan", "method.owners=[0.01,0.01]", "metrics.names.image=[]", "metrics.n_samples=40",
@@ -133,6 +134,7 @@ def test_privgan_options_run(overrides: list[str], make_cfg, tmp_path: Path) -> 
     assert x.shape == (40, 1, 28, 28) and 0 <= x.min() and x.max() <= 1
 
 
+@pytest.mark.slow  # 1500 epochs; the attacks' power is pinned on constructed data in test_metrics_mia
 def test_attack_beats_chance_on_an_overfit_local_gan(make_cfg, tmp_path: Path) -> None:
     """60 training rows, 1500 epochs: the local GAN's discriminator memorises them (paper: GAN attacks succeed).
 

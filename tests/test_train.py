@@ -48,6 +48,7 @@ def test_dp_gan_run_spends_at_most_its_target(make_cfg, tmp_path: Path) -> None:
     assert "epsilon spent" in summary and "fd_fmnist" in summary and str(tmp_path / "run") in summary
 
 
+@pytest.mark.slow  # the flag is covered by test_all_methods; this adds real data's accuracy
 def test_real_is_the_flagged_non_private_reference(make_cfg, tmp_path: Path) -> None:
     cfg = make_cfg("method=real", "dataset=fmnist", "eps=1", "metrics.n_samples=2000", "metrics.classifier.epochs=3")
     result = run(cfg, tmp_path / "run")
@@ -91,7 +92,8 @@ def test_crash_after_training_leaves_no_result(make_cfg, tmp_path: Path, monkeyp
 def test_cli_multirun_writes_one_result_per_job(cli_env: dict[str, str], tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(REPO_DIR / "train.py"), "-m", "method=dp_gan,real", "dataset=fmnist", "eps=1,inf",
-         "trainer=debug", "logger=csv"],
+         "trainer=debug", "logger=csv", "metrics.names.image=[]", "metrics.n_samples=60",
+         "trainer.enable_progress_bar=false"],
         capture_output=True, text=True, env=cli_env, cwd=tmp_path, timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
