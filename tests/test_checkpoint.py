@@ -138,3 +138,39 @@ def test_lightning_dp_steps_refuses_another_calibration(tmp_path: Path) -> None:
         lightning_dp_steps(path, {"noise_multiplier": 1.3, "max_steps": 20})
     with pytest.raises(ValueError, match="resume with the same config"):
         lightning_dp_steps(path, None)  # a private checkpoint under a non-private run
+
+
+# per method: a key the hand-picked fingerprint lists missed before (or a run fact), and a key free to differ
+@pytest.mark.parametrize(("method", "key", "free_key"), [("g_pate", "lr_g", "checkpoint_every"),
+                                                         ("pate_gan", "lr_g", "checkpoint_every"),
+                                                         ("gs_wgan", "iterations", "checkpoint_every"),
+                                                         ("pe", "public_pool", "checkpoint")])
+def test_resume_fingerprint_holds_every_typed_key_but_the_free_ones(method: str, key: str, free_key: str,
+                                                                   make_ctx) -> None:
+    """A training checkpoint is resumed only under the same typed method config: every field of the schema counts
+    (a hyperparameter added later cannot be forgotten), only Method.resume_free_keys may differ."""
+    import dataclasses
+
+    from omegaconf import open_dict
+
+    from dpsyn.config import METHOD_SCHEMAS
+    from dpsyn.methods import METHODS, PrivacyBudget
+    from tests.conftest import compose_cfg
+
+    cls = METHODS.get(method)
+    cfg = compose_cfg([f"method={method}"]).method
+    budget = PrivacyBudget(epsilon=1.0, delta=1e-5)
+    fp = cls(cfg, make_ctx()).resume_fingerprint(budget)
+    fields = {f.name for f in dataclasses.fields(METHOD_SCHEMAS[method])}
+    assert set(fp["method"]) == fields - set(cls.resume_free_keys)
+    assert free_key in cls.resume_free_keys and (fp["eps"], fp["delta"]) == (1.0, 1e-5)
+
+    changed = cfg.copy()
+    with open_dict(changed):
+        changed[key] = (cfg[key] or 0) * 2 + 100
+    assert cls(changed, make_ctx()).resume_fingerprint(budget) != fp
+    free = cfg.copy()
+    with open_dict(free):
+        free[free_key] = not cfg[free_key] if isinstance(cfg[free_key], bool) else int(cfg[free_key]) + 7
+    assert cls(free, make_ctx()).resume_fingerprint(budget) == fp
+    assert cls(cfg, make_ctx()).resume_fingerprint(PrivacyBudget(epsilon=2.0, delta=1e-5)) != fp

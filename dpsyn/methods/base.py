@@ -183,6 +183,21 @@ class Method(ABC):
     #: training after a crash; dropped by :meth:`drop_unreleased_checkpoint_state` once the fitted state is saved.
     unreleased_checkpoint_keys: ClassVar[dict[str, tuple[str, ...]]] = {}
 
+    #: method keys that may differ between a training checkpoint and the run that resumes it: they change neither the
+    #: releases nor the state trained so far (how often to checkpoint, a cap on steps, how many teachers per batched
+    #: call). Every other key of the typed method config is in :meth:`resume_fingerprint`.
+    resume_free_keys: ClassVar[tuple[str, ...]] = ("checkpoint_every",)
+
+    def resume_fingerprint(self, budget: PrivacyBudget, **facts: Any) -> dict[str, Any]:
+        """What a training checkpoint must share with this run to be resumed: every field of the typed method config
+        (:func:`dpsyn.config.fingerprint`: a new hyperparameter cannot be missed) but :attr:`resume_free_keys`, the
+        target (eps, delta), the seed, the accountant, and the run ``facts`` the method derives (e.g. its sigma)."""
+        from dpsyn.config import fingerprint
+
+        method = {k: v for k, v in fingerprint(self.cfg, "method").items() if k not in self.resume_free_keys}
+        return {"method": method, "eps": budget.epsilon, "delta": budget.delta, "seed": self.ctx.seed,
+                "accountant": self.ctx.accountant, "kind": self.ctx.kind, **facts}
+
     @classmethod
     def output_depends_on_eps(cls) -> bool:
         """False when the method's samples, metrics and ledger are the same at every target eps."""

@@ -208,6 +208,8 @@ def check_pate_hyperparameters(
 class GPATE(Method):
     """G-PATE on images and tables (see the module docstring)."""
 
+    resume_free_keys = ("checkpoint_every", "teacher_chunk", "steps")  # teacher_chunk: the same votes
+
     kinds = ("image", "table")
     fitted_attrs = ("G", "device", "proportions", "train_log")
     unreleased_checkpoint_keys = {CHECKPOINT: ("teachers", "opt_teachers")}  # trained without noise
@@ -261,10 +263,9 @@ class GPATE(Method):
                                 hidden=tuple(hp["g_hidden"]))
 
     def _fingerprint(self, budget: PrivacyBudget) -> dict[str, Any]:
-        """What a checkpoint must share with this run to be resumed."""
-        keys = ("teachers", "batch_size", "projection_dim", "bins", "clip", "sigma_threshold", "sigma", "threshold",
-                "bound", "teacher_arch", "ndf", "d_hidden", "g_hidden", "z_dim", "ngf", "shuffle", "class_ratio_epsilon")
-        return {**{k: self.hp[k] for k in keys}, "eps": budget.epsilon, "delta": budget.delta, "seed": self.ctx.seed}
+        """What a checkpoint must share with this run to be resumed (the typed config, :meth:`resume_fingerprint`),
+        with the noise in votes (a ratio and an absolute value giving the same votes are the same run)."""
+        return self.resume_fingerprint(budget, votes={k: self.hp[k] for k in PATE_NOISE_KEYS})
 
     # ---- training -----------------------------------------------------------------------------------------
 

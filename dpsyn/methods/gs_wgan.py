@@ -352,11 +352,9 @@ class GSWGAN(Method):
         return hp
 
     def _fingerprint(self, budget: PrivacyBudget, iterations: int, sigma: float) -> dict[str, Any]:
-        """What a checkpoint must share with this run to be resumed."""
-        keys = ("critics", "batch_size", "critic_steps", "clip", "gp_weight", "drift", "z_dim", "ngf", "ndf",
-                "lr_g", "lr_d", "beta1", "beta2", "ema", "clip_at_inf", "shuffle_partitions")
-        return {**{k: self.hp[k] for k in keys}, "iterations": iterations, "sigma": sigma, "eps": budget.epsilon,
-                "delta": budget.delta, "seed": self.ctx.seed, "accountant": self.ctx.accountant}
+        """What a checkpoint must share with this run to be resumed (the typed config, :meth:`resume_fingerprint`),
+        with the iterations run (capped by the trainer) and the sigma calibrated for them."""
+        return self.resume_fingerprint(budget, iterations=iterations, sigma=sigma)
 
     def fit(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None

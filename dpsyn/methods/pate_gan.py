@@ -46,6 +46,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dpsyn.config import PATE_NOISE_KEYS
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.methods.g_pate import (
@@ -153,6 +154,8 @@ def student_step(
 class PATEGAN(Method):
     """PATE-GAN on images and tables (see the module docstring)."""
 
+    resume_free_keys = ("checkpoint_every", "teacher_chunk", "steps")  # teacher_chunk: the same votes
+
     kinds = ("image", "table")
     fitted_attrs = ("G", "device", "proportions", "train_log")
     unreleased_checkpoint_keys = {CHECKPOINT: ("teachers", "opt_teachers")}  # trained without noise
@@ -203,12 +206,9 @@ class PATEGAN(Method):
                                       ndf=hp["student_ndf"])
 
     def _fingerprint(self, budget: PrivacyBudget) -> dict[str, Any]:
-        """What a checkpoint must share with this run to be resumed."""
-        keys = ("teachers", "batch_size", "teacher_batch", "sigma_threshold", "sigma", "threshold", "bound",
-                "teacher_arch", "ndf", "student_ndf", "d_hidden", "g_hidden", "s_hidden", "z_dim", "ngf", "shuffle",
-                "class_ratio_epsilon")
-        return {**{k: self.hp[k] for k in keys}, "kind": self.ctx.kind, "eps": budget.epsilon,
-                "delta": budget.delta, "seed": self.ctx.seed}
+        """What a checkpoint must share with this run to be resumed (the typed config, :meth:`resume_fingerprint`),
+        with the noise in votes."""
+        return self.resume_fingerprint(budget, votes={k: self.hp[k] for k in PATE_NOISE_KEYS})
 
     def _labels(self, n: int, gen: torch.Generator) -> torch.Tensor:
         """Labels of generated samples: uniform (images) or from the released class proportions (tables)."""

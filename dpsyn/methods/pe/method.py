@@ -139,6 +139,7 @@ class PE(Method):
     needs_public = True
     kinds = ("image",)
     fitted_attrs = ("models", "pool", "final", "sigma", "T", "history", "per_class", "fit_seconds", "fingerprint")
+    resume_free_keys = ("checkpoint", "monitor")  # whether to checkpoint; monitoring (never selected on)
 
     def __init__(self, cfg: Any, ctx: RunContext) -> None:
         super().__init__(cfg, ctx)
@@ -255,13 +256,8 @@ class PE(Method):
         sigma = pe_noise_multiplier(epsilon=budget.epsilon, delta=budget.delta, releases=releases,
                                     noise_multiplier=self.cfg.get("noise_multiplier"))
         self.sigma, self.T = sigma, len(self.degrees)
-        self.fingerprint = _fingerprint({
-            "sigma": sigma, "degrees": self.degrees, "population": self.population, "backend": self.backend,
-            "embedding": self.embedding, "threshold": self.threshold, "lookahead": self.lookahead,
-            "num_nearest": self.num_nearest, "selection": self.selection, "rank_keep": float(self.cfg.rank_keep),
-            "conditional": self.conditional, "class_proportions": self.class_proportions, "seed": self.ctx.seed,
-            "n_private": len(private), "condition": self.condition, "feature_noise": float(self.cfg.feature_noise),
-        })
+        # the typed config (a new hyperparameter cannot be missed), the sigma and the private set's size
+        self.fingerprint = _fingerprint(self.resume_fingerprint(budget, sigma=sigma, n_private=len(private)))
         # paper 000's public models: the icgan backend, the encoder embedding, and the labels of unconditional
         # samples need them; conditional PE on a diffusion model with Inception embeddings (CIFAR-10) does not
         need_pool = self.backend == "icgan" or not self.conditional
