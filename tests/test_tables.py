@@ -100,7 +100,8 @@ def test_plots_are_real_images(tmp_path: Path, spec: tables.TableSpec) -> None:
             assert im.format == "PNG" and im.size[0] > 300 and im.size[1] > 200
 
 
-@pytest.mark.parametrize("profile", cli_tables.PROFILES)
+@pytest.mark.parametrize("profile", [p if p == "embedded" else pytest.param(p, marks=pytest.mark.slow)
+                                     for p in cli_tables.PROFILES])  # the paper profile's Table 1 cells: test_config
 def test_every_experiment_composes_for_every_profile(profile: str) -> None:
     experiments = {cli_tables.experiment_for(tables.load_spec(p).experiment, profile): p for p in cli_tables.specs()}
     for experiment, spec_path in experiments.items():  # specs may share an experiment: compose each once
@@ -127,6 +128,7 @@ def test_cell_status_and_resume_after_a_kill(tmp_path: Path, monkeypatch: pytest
     assert cells[0].run_dir.is_relative_to(tmp_path / "experiments" / "dpimagebench_fmnist" / "embedded")
 
 
+@pytest.mark.slow  # three CLI processes; the cell status and resume logic: test_cell_status_and_resume_after_a_kill
 def test_reproduce_resumes_and_reruns_only_a_deleted_cell(
     tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
