@@ -30,6 +30,16 @@ NOISY_LOG_RECORDS: tuple[tuple[str, str, str], ...] = (
     ("lightning.fabric.utilities.rank_zero", "litlogger", "the same, where Fabric's rank-zero logger prints it"),
 )
 
+# (logger name, level below which its records are dropped, why)
+NOISY_LOGGER_LEVELS: tuple[tuple[str, int, str], ...] = (
+    ("faiss.loader", logging.WARNING,
+     "which SIMD build faiss loads: each absent build (AVX512, AVX2) is an INFO record quoting a ModuleNotFoundError"),
+)
+
+# loggers to which their library adds its own stderr handler when imported before logging is configured (Lightning:
+# ``lightning/pytorch/__init__.py``); under Hydra's logging every record is then printed twice
+DUPLICATING_LOGGERS: tuple[str, ...] = ("lightning",)
+
 _installed: list[Any] = []  # what quiet() installed (warnings filters are global: installed once per process)
 
 
@@ -74,7 +84,30 @@ def quiet(argv: Sequence[str] | None = None) -> bool:
         flt = _DropMessage(text)
         logging.getLogger(name).addFilter(flt)
         _installed.append(("log", name, flt))
+    for name, level, _why in NOISY_LOGGER_LEVELS:
+        logging.getLogger(name).setLevel(level)
+        _installed.append(("level", name, level))
     return True
+
+
+def settle_library_handlers() -> list[str]:
+    """Once the libraries are imported (the run calls it): where the root logger has handlers (Hydra's), remove the
+    stderr handlers of :data:`DUPLICATING_LOGGERS`, so that each of their records is printed once, by Hydra's handler
+    (and written to the run's log file). Only when :func:`quiet` is in force.
+
+    Returns:
+        the loggers whose handlers were removed.
+    """
+    done: list[str] = []
+    if not is_quiet() or not logging.getLogger().handlers:
+        return done
+    for name in DUPLICATING_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler) is logging.StreamHandler:  # the library's own plain stderr handler, nothing else
+                logger.removeHandler(handler)
+                done.append(name)
+    return done
 
 
 def is_quiet() -> bool:

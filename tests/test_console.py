@@ -104,3 +104,5 @@ def test_default_run_prints_no_library_noise(cli_env: dict[str, str], tmp_path: 
     assert "Tracking run with wandb" in text  # W&B is on (offline), it only says nothing it need not
     for line in NOISE:
         assert line not in text, line
+    assert "faiss.loader" not in text and "ModuleNotFoundError" not in text  # faiss's search for its SIMD builds
+    assert text.count("GPU available: False") == 1  # Lightning's lines once (its own handler removed under Hydra)

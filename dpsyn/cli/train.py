@@ -147,7 +147,10 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from dpsyn.results.grid import save_sample_grid
     from dpsyn.results.io import atomic_save_npz, atomic_write_json, atomic_write_text
 
+    from dpsyn.console import settle_library_handlers
+
     t_start = time.perf_counter()
+    settle_library_handlers()  # the libraries are imported now: each of their log lines printed once
     check_composed(cfg)
     method_cls = METHODS.get(cfg.method.name)
     # the dataset's yaml names its public split; it is read only for a method that uses public data
