@@ -175,7 +175,7 @@ def _check_overrides(args: list[str], combos: dict[str, list[Any]], conf_dir: Pa
     try:
         overrides = OverridesParser.create().parse_overrides(args)
     except HydraException as e:  # a malformed override
-        raise ConfigError(_first_line(e)) from None
+        raise ConfigError(hydra_error_line(e)) from None
     fixed: list[str] = []
     for o, text in zip(overrides, args):
         key = o.key_or_group
@@ -223,9 +223,3 @@ def _override_args(argv: Sequence[str]) -> list[str]:
             continue
         out.append(a)
     return out
-
-
-def _first_line(err: Exception) -> str:
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    return " ".join(lines[:2]) if lines else type(err).__name__
-
