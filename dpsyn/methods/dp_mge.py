@@ -46,6 +46,7 @@ text (its appendix and code were not available), not a port of the authors' code
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,7 @@ from dpsyn.methods.public_baselines import (
 from dpsyn.privacy import (
     CALIBRATIONS,
     ApproxDPEvent,
+    CalibratedRelease,
     GaussianEvent,
     NonPrivateEvent,
     PrivacyEvent,
@@ -86,23 +88,10 @@ RELEASES: tuple[str, ...] = ("mean", "second_moment", "counts")
 
 
 @dataclass(frozen=True)
-class GaussianRelease:
-    """One sensitivity-1 Gaussian release of DP-MGE.
-
-    Attributes:
-        name: ``"mean"`` (sum of v), ``"second_moment"`` (sum of v^2) or ``"counts"``.
-        sigma: noise standard deviation (= noise multiplier, the sensitivity being 1).
-        share: its share of the budget (of eps and delta for ``classic``; of mu^2 for ``analytic``).
-        calibration: ``"classic"`` or ``"analytic"``.
-        epsilon, delta: its own (eps, delta) for ``classic``; None for ``analytic`` (only the joint budget exists).
-    """
-
-    name: str
-    sigma: float
-    share: float
-    calibration: str
-    epsilon: float | None = None
-    delta: float | None = None
+class GaussianRelease(CalibratedRelease):
+    """One sensitivity-1 Gaussian release of DP-MGE (:class:`dpsyn.privacy.CalibratedRelease`: ``name`` is ``"mean"``
+    (sum of v), ``"second_moment"`` (sum of v^2) or ``"counts"``; ``sigma`` is the noise multiplier, the sensitivity
+    being 1), with the ledger event that records it."""
 
     def event(self, what: str) -> PrivacyEvent:
         """The ledger event of this release; ``what`` says what was released."""
@@ -157,7 +146,7 @@ def plan_releases(
         shares["counts"] = float(count_share)
     plan = calibrate_releases(epsilon=epsilon, delta=delta, fractions=shares, calibration=calibration,
                               composition="gdp" if calibration == "analytic" else "basic")
-    return {k: GaussianRelease(k, r.sigma, r.share, r.calibration, r.epsilon, r.delta) for k, r in plan.items()}
+    return {k: GaussianRelease(**dataclasses.asdict(r)) for k, r in plan.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------------

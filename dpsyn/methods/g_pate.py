@@ -182,7 +182,7 @@ def dp_grad_agg(
 # the method
 
 
-def check_pate_hyperparameters(
+def pate_hyperparameters(
     cfg: Any, *, ints: tuple[str, ...], floats: tuple[str, ...], hidden: tuple[str, ...]
 ) -> dict[str, Any]:
     """The hyperparameters G-PATE and PATE-GAN share (their ranges are checked at compose time by the schemas,
@@ -221,7 +221,7 @@ class GPATE(Method):
     @staticmethod
     def _check(cfg: Any) -> dict[str, Any]:
         """Every hyperparameter (checked at compose time by the schema, dpsyn.config.schema.GPATESchema)."""
-        hp = check_pate_hyperparameters(
+        hp = pate_hyperparameters(
             cfg, ints=("teachers", "steps", "batch_size", "projection_dim", "bins", "z_dim", "ngf", "ndf",
                        "teacher_steps", "checkpoint_every"),
             floats=("sigma_threshold", "sigma", "clip", "lr_g", "lr_d"), hidden=("d_hidden", "g_hidden"),

@@ -51,7 +51,7 @@ from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.methods.g_pate import (
     TEACHER_ARCHS,
-    check_pate_hyperparameters,
+    pate_hyperparameters,
 )
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import (
@@ -168,7 +168,7 @@ class PATEGAN(Method):
     def _check(cfg: Any, kind: str) -> dict[str, Any]:
         """Every hyperparameter (ranges checked at compose time by the schema, dpsyn.config.schema.PATEGANSchema);
         the teacher architecture against the data kind."""
-        hp = check_pate_hyperparameters(
+        hp = pate_hyperparameters(
             cfg, ints=("teachers", "steps", "batch_size", "z_dim", "ngf", "ndf", "student_ndf", "teacher_steps",
                        "student_steps", "checkpoint_every"),
             floats=("sigma_threshold", "sigma", "lr_g", "lr_s", "lr_d"), hidden=("d_hidden", "g_hidden", "s_hidden"),
