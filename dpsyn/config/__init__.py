@@ -25,7 +25,7 @@ from dpsyn.config.schema import (
 )
 
 __all__ = ["ACCOUNTANTS", "METHOD_FACTS", "METHOD_SCHEMAS", "SCHEMAS", "ConfigError", "MethodFacts", "SchemaError",
-           "fingerprint", "hydra_error_line", "load_group", "register", "resolve_pate_noise", "schema_of", "validate"]
+           "eps_at_least", "fingerprint", "hydra_error_line", "load_group", "register", "resolve_pate_noise", "schema_of", "validate"]
 
 VALIDATED_GROUPS = ("method", "dataset", "privacy", "trainer", "metrics", "public")
 
@@ -42,6 +42,23 @@ def register() -> None:
     for group, schemas in SCHEMAS.items():
         for name, schema in schemas.items():
             cs.store(group=f"schema/{group}", name=name, node=schema)
+
+
+def eps_at_least(eps: Any, at_least: Any, then: Any, otherwise: Any) -> Any:
+    """The resolver ``${eps_at_least:${eps},10,a,b}``: ``a`` where the run's eps is at least 10, else ``b``.
+
+    For settings a paper gives per budget (G-PATE's MNIST runs: 2000 teachers, sigma1 600, sigma2 100, T 1000 at
+    eps=10; 4000, 3000, 1000, 2000 at eps=1); the composed config then holds the value used. ``eps=inf`` counts as
+    at least anything."""
+    return then if float(eps) >= float(at_least) else otherwise
+
+
+def register_resolvers() -> None:
+    """OmegaConf resolvers of dpsyn's yaml files (idempotent)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("eps_at_least"):
+        OmegaConf.register_new_resolver("eps_at_least", eps_at_least)
 
 
 def load_group(group: str, name: str, conf_dir: Any = None) -> Any:
@@ -300,3 +317,4 @@ def _allowed_keys(full_key: str) -> list[str]:
 
 
 register()
+register_resolvers()

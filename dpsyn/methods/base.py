@@ -65,12 +65,24 @@ class Samples:
         return len(self.x)
 
 
+def draw_latent(n: int, z_dim: int, *, generator: Any, latent: str = "normal") -> Any:
+    """(n, z_dim) latents on the CPU from ``generator``: N(0, I) for ``"normal"``, U(-1, 1) for ``"uniform"``."""
+    import torch
+
+    if latent == "normal":
+        return torch.randn(n, z_dim, generator=generator)
+    if latent == "uniform":
+        return torch.rand(n, z_dim, generator=generator) * 2.0 - 1.0
+    raise ValueError(f"latent must be 'normal' or 'uniform', got {latent!r}")
+
+
 def generate_conditional(
     G: Any, labels: np.ndarray, *, z_dim: int, shape: tuple[int, ...], generator: Any, device: Any = "cpu",
-    batch_size: int = 1000,
+    batch_size: int = 1000, latent: str = "normal",
 ) -> np.ndarray:
-    """``G(z, y)`` for every label, ``batch_size`` at a time: z ~ N(0, I) drawn on the CPU from ``generator`` (the same
-    samples from a seed on any device), outputs moved back to the CPU. Call it under ``torch.no_grad()``.
+    """``G(z, y)`` for every label, ``batch_size`` at a time: z ~ N(0, I) (``latent="normal"``) or U(-1, 1)^z_dim
+    (``"uniform"``, G-PATE's) drawn on the CPU from ``generator`` (the same samples from a seed on any device), outputs
+    moved back to the CPU. Call it under ``torch.no_grad()``.
 
     Returns:
         float32 array (len(labels), *shape).
@@ -81,7 +93,7 @@ def generate_conditional(
     out = []
     for i in range(0, len(y_all), batch_size):
         y = torch.from_numpy(y_all[i : i + batch_size]).to(device)
-        z = torch.randn(len(y), z_dim, generator=generator).to(device)
+        z = draw_latent(len(y), z_dim, generator=generator, latent=latent).to(device)
         out.append(G(z, y).cpu())
     return torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, *shape), np.float32)
 
