@@ -3,12 +3,22 @@ gradients of an ensemble of teacher discriminators (Algorithms 1 and 2 of the pa
 
 * Teachers: N conditional discriminators, teacher i trained only on the i-th of N disjoint contiguous partitions
   of the private rows (real, label 1) against the student's fakes (label 0), one Adam step each per generator step
-  (:class:`dpsyn.nets.ensemble.TeacherEnsemble`: the N teachers run as one batched computation).
+  (:class:`dpsyn.nets.ensemble.TeacherEnsemble`: the N teachers run as one batched computation). On images the
+  default is the authors' teacher (:class:`dpsyn.nets.ensemble.CondPATETeacher`: conv, conv, fc, the label at every
+  layer); the embedded profile narrows it (ndf 4, fc 32: 13.6k parameters against the authors' ~0.55M, which take
+  ~27 GB with Adam at 4000 teachers), the ``_paper`` profiles hold the authors' width.
+* Batch (the reference code's rule): where partitions hold at least ``MIN_PARTITION_BATCH`` rows, b = min(batch_size,
+  partition), so each round every teacher steps on its whole partition (15 rows at 4000 teachers on 60k images);
+  smaller partitions (digits, tables) keep ``batch_size`` for the generator and min(batch_size, partition) for the
+  teachers. Teacher i's fakes carry its own real rows' labels (label-matched, as the reference code feeds the
+  round's conditioning to both), drawn once per round from z ~ U(-1, 1) (``method.latent``).
 * DPGradAgg (:func:`dp_grad_agg`), per generated sample x_j: every teacher's gradient g_i = -grad_x BCE(D_i(x_j), 1)
-  is projected on a fresh random matrix R_j in R^{d x k} (entries N(0, 1/k); data-independent, drawn from the run
-  seed), clipped to [-c, c], discretised into B equal bins; for each of the k coordinates the teachers' votes form
-  a histogram (one query), answered by Confident-GNMax (:func:`dpsyn.privacy.confident_gnmax`): the bin centre of
-  the noisy argmax where the noisy maximum count passes the threshold T, else 0; g_hat_j = out_j R_j^T.
+  is projected on a fresh random matrix R_j in R^{d x k} (entries N(0, 1/k), or Gaussian directions inside the span
+  of the low 2-D DCT frequencies with ``method.projection=dct``; data-independent, drawn from the run seed), clipped
+  to [-c, c], discretised into B equal bins; for each of the k coordinates the teachers' votes form a histogram
+  (one query), answered by Confident-GNMax (:func:`dpsyn.privacy.confident_gnmax`): the bin centre of the noisy
+  argmax where the noisy maximum count passes the threshold T, else 0 (an unanswered coordinate contributes 0 and
+  pays only the threshold under the data-dependent bound); g_hat_j = out_j R_j^T.
 * Student: G(z, y) (labels uniform over the classes) regresses onto x + g_hat: Adam on sum ||G(z) - (x + g_hat)||^2.
 
 Privacy: the generator only sees the aggregated answers, so the run's privacy is that of the Confident-GNMax
@@ -21,9 +31,6 @@ the target (for the data-dependent bound: judged with GNMax charged for all of t
 ``method.steps``. The gradients follow the reference code's convention: of the batch-MEAN generator loss (so the
 clip ``c = 1e-4`` has the paper's meaning), i.e. the per-sample gradient divided by b.
 
-Teachers as the paper: the reference code shrinks the batch to the partition size when partitions are small
-(15 rows per teacher for 4000 teachers on 60k images); here the teachers' batch is ``min(batch_size, partition)``
-unless ``method.teacher_batch`` is set, and the generator keeps ``batch_size``.
 
 Tables (the paper's Kaggle Credit protocol, Sec. 5): fully connected teachers (:class:`CondMLPTeacher`) and
 generator (:class:`dpsyn.nets.mlp_gan.CondMLPGenerator`, rows in [0, 1] like the min-max scaled tables), and two
@@ -31,7 +38,9 @@ steps: the class proportions are released first with the Laplace mechanism at ``
 paper: 0.01 of eps=1; :meth:`Method.release_class_proportions`, an ``ApproxDPEvent`` in the ledger), then the
 generator trains on the rest of the budget with labels drawn from the released proportions, and samples follow them.
 Images use labels uniform over the classes (a public choice).
-Non-private runs (eps=inf) use the same votes without noise or threshold (their plain argmax).
+Non-private runs (eps=inf) aggregate as ``method.inf_aggregate`` says, the rungs of README's ladder: ``mean`` (the
+teachers' mean gradient, the reference code's non-private path), ``projected`` (mean of the projected gradients,
+back-projected) or ``vote`` (DPGradAgg's votes without noise or threshold: their plain argmax).
 """
 
 from __future__ import annotations
@@ -45,14 +54,16 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from dpsyn.config import PATE_NOISE_KEYS, resolve_pate_noise
 from dpsyn.data.base import Split
-from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
+from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, draw_latent, generate_conditional
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import (
     CondConvTeacher,
     CondMLPTeacher,
+    CondPATETeacher,
     TeacherEnsemble,
     TeacherPartitions,
 )
@@ -69,19 +80,57 @@ from dpsyn.results.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 
-TEACHER_ARCHS = ("auto", "conv", "dcgan", "mlp")  # auto: conv on images, mlp on tables
+TEACHER_ARCHS = ("auto", "gpate", "conv", "dcgan", "mlp")  # auto: gpate on images, mlp on tables
 CHECKPOINT = "g_pate.pt"
+MIN_PARTITION_BATCH = 15
+"""Partitions of at least this many rows set the batch (the reference code's rule; 15 = 60k rows / 4000 teachers)."""
+INF_AGGREGATES = {
+    "mean": "the teachers' mean gradient (the reference code's non_private_aggregation)",
+    "projected": "the mean of the teachers' projected gradients, back-projected (no clip, no bins)",
+    "vote": "the plain argmax of the projected, clipped, discretised votes (DPGradAgg without noise)",
+}
+"""What a non-private run (eps=inf) aggregates (``method.inf_aggregate``): the README's ladder."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # DPGradAgg (Algorithm 2), pure functions
 
 
-def random_projections(b: int, d: int, k: int, *, generator: torch.Generator, device: Any = "cpu") -> torch.Tensor:
-    """(b, d, k) independent Gaussian projection matrices, one per sample, entries N(0, 1/k) (scikit-learn's
-    ``GaussianRandomProjection``, as the reference code). Data-independent: no privacy cost."""
-    r = torch.randn(b, d, k, generator=generator, dtype=torch.float32)
-    return (r / math.sqrt(k)).to(device)
+def dct_basis(shape: tuple[int, ...], frequencies: int) -> torch.Tensor:
+    """(d, C m^2) orthonormal columns: the ``m x m`` lowest 2-D DCT-II frequencies of each of the C channels of an
+    image of ``shape`` (C, H, W), ``m = frequencies``. Data-independent (a fixed low-pass basis)."""
+    c, h, w = (int(v) for v in shape)
+    if not 1 <= frequencies <= min(h, w):
+        raise ValueError(f"projection_frequencies must lie in [1, {min(h, w)}] for images of {h}x{w}, got {frequencies}")
+
+    def cosines(n: int) -> torch.Tensor:  # (m, n) orthonormal DCT-II rows
+        i = torch.arange(n, dtype=torch.float64)
+        f = torch.arange(frequencies, dtype=torch.float64)[:, None]
+        rows = torch.cos(math.pi * (i + 0.5) * f / n) * math.sqrt(2.0 / n)
+        rows[0] /= math.sqrt(2.0)
+        return rows
+
+    two_d = torch.einsum("ax,by->abxy", cosines(h), cosines(w)).reshape(frequencies**2, h * w)  # (m^2, h w)
+    basis = torch.block_diag(*([two_d] * c))  # (C m^2, C h w): channel by channel
+    return basis.T.contiguous().float()
+
+
+def random_projections(
+    b: int, d: int, k: int, *, generator: torch.Generator, device: Any = "cpu", basis: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(b, d, k) independent Gaussian projection matrices, one per sample. Data-independent: no privacy cost.
+
+    Without ``basis``: entries N(0, 1/k) (scikit-learn's ``GaussianRandomProjection``, as the reference code). With
+    ``basis`` (d, m) orthonormal columns (:func:`dct_basis`): ``basis @ W``, W (m, k) with entries N(0, d/(m k)), i.e.
+    Gaussian directions inside the span of ``basis`` (a low-pass subspace for the DCT basis), each of the same
+    expected norm as a full-space direction, so that the clip ``c`` keeps its meaning."""
+    if basis is None:
+        r = torch.randn(b, d, k, generator=generator, dtype=torch.float32)
+        return (r / math.sqrt(k)).to(device)
+    if basis.shape[0] != d:
+        raise ValueError(f"basis has {basis.shape[0]} rows for gradients of dimension {d}")
+    w = torch.randn(b, basis.shape[1], k, generator=generator, dtype=torch.float32) * math.sqrt(d / (basis.shape[1] * k))
+    return torch.einsum("dm,bmk->bdk", basis, w).to(device)
 
 
 def bin_centres(*, clip: float, bins: int, device: Any = "cpu") -> torch.Tensor:
@@ -223,10 +272,15 @@ class GPATE(Method):
         """Every hyperparameter (checked at compose time by the schema, dpsyn.config.schema.GPATESchema)."""
         hp = pate_hyperparameters(
             cfg, ints=("teachers", "steps", "batch_size", "projection_dim", "bins", "z_dim", "ngf", "ndf",
-                       "teacher_steps", "checkpoint_every"),
+                       "teacher_hidden", "teacher_steps", "checkpoint_every"),
             floats=("sigma_threshold", "sigma", "clip", "lr_g", "lr_d"), hidden=("d_hidden", "g_hidden"),
         )
         hp["teacher_arch"] = str(cfg.teacher_arch)
+        hp["batch_from_partition"] = bool(cfg.batch_from_partition)
+        hp["inf_aggregate"] = str(cfg.inf_aggregate)
+        hp["latent"] = str(cfg.latent)
+        hp["projection"] = str(cfg.projection)
+        hp["projection_frequencies"] = int(cfg.projection_frequencies)
         return hp
 
     # ---- building blocks ----------------------------------------------------------------------------------
@@ -235,7 +289,7 @@ class GPATE(Method):
         """The teacher architecture: ``auto`` is conv on images and mlp on tables; conv/dcgan need images."""
         arch, kind = self.hp["teacher_arch"], self.ctx.kind
         if arch == "auto":
-            return "conv" if kind == "image" else "mlp"
+            return "gpate" if kind == "image" else "mlp"
         if kind != "image" and arch != "mlp":
             raise ValueError(f"method.teacher_arch={arch} needs images; a {kind} dataset takes mlp (or auto)")
         return arch
@@ -246,6 +300,9 @@ class GPATE(Method):
         if arch == "mlp":
             return lambda: CondMLPTeacher(num_classes=ctx.num_classes, shape=ctx.shape, hidden=hp["d_hidden"])
         channels, resolution = ctx.shape[0], ctx.shape[1]
+        if arch == "gpate":
+            return lambda: CondPATETeacher(num_classes=ctx.num_classes, channels=channels, resolution=resolution,
+                                           ndf=hp["ndf"], hidden=hp["teacher_hidden"])
         if arch == "conv":
             return lambda: CondConvTeacher(
                 num_classes=ctx.num_classes, channels=channels, resolution=resolution, ndf=hp["ndf"]
@@ -269,6 +326,32 @@ class GPATE(Method):
 
     # ---- training -----------------------------------------------------------------------------------------
 
+    def _batches(self, partition: int) -> tuple[int, int, str]:
+        """``(generator batch b, teacher batch, the rule used)`` for partitions of ``partition`` rows.
+
+        The reference code cuts the batch to the partition size (``min(batch_size, partition)`` for generator and
+        teachers alike: 15 at 4000 teachers on 60k images), so every teacher steps on its whole partition each round
+        and a round makes ``b * k`` queries. That rule (``method.batch_from_partition``) applies where partitions hold
+        at least :data:`MIN_PARTITION_BATCH` rows; below (digits: ~3 rows per teacher; tables) the generator keeps
+        ``method.batch_size`` and the teachers take ``min(batch_size, partition)``. ``method.teacher_batch`` fixes the
+        teachers' batch."""
+        hp = self.hp
+        if hp["batch_from_partition"] and partition >= MIN_PARTITION_BATCH:
+            b = min(hp["batch_size"], partition)
+            rule = f"batch = min(batch_size, partition) = {b} (the reference code)"
+        else:
+            b = hp["batch_size"]
+            rule = (f"partitions of {partition} < {MIN_PARTITION_BATCH} rows: generator batch {b}, teachers "
+                    f"min(batch_size, partition)" if hp["batch_from_partition"] else f"generator batch {b}")
+        tb = hp["teacher_batch"] or min(b, partition)
+        if tb > partition:
+            raise ValueError(f"method.teacher_batch={tb} exceeds the {partition} rows of each of the "
+                             f"{hp['teachers']} partitions")
+        return b, tb, rule
+
+    def _latent(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        return draw_latent(n, self.hp["z_dim"], generator=gen, latent=self.hp["latent"])
+
     def fit(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
     ) -> None:
@@ -280,23 +363,27 @@ class GPATE(Method):
         torch.manual_seed(ctx.seed)  # initialisation of G and of the teachers
         gen = torch.Generator().manual_seed(ctx.seed)  # latents, labels, projections, teacher batches
         parts = TeacherPartitions(n_rows, n_teachers, generator=gen, shuffle=hp["shuffle"])
-        tb = hp["teacher_batch"] or min(hp["batch_size"], parts.size)
-        if tb > parts.size:
-            raise ValueError(f"method.teacher_batch={tb} exceeds the {parts.size} rows of each of the {n_teachers} partitions")
+        b, tb, batch_rule = self._batches(parts.size)
         G = self._make_generator().to(device)
         ens = TeacherEnsemble(self._make_teacher(), n_teachers, lr=hp["lr_d"], betas=(hp["beta1"], 0.999),
                               chunk_size=hp["teacher_chunk"], device=device)
         opt_g = torch.optim.Adam(G.parameters(), lr=hp["lr_g"], betas=(hp["beta1"], 0.999))
         x_all = torch.from_numpy(np.ascontiguousarray(private.x, dtype=np.float32)).to(device)
         y_all = torch.from_numpy(private.y.astype(np.int64)).to(device)
-        d, k, b = int(np.prod(ctx.shape)), hp["projection_dim"], hp["batch_size"]
+        d, k, C = int(np.prod(ctx.shape)), hp["projection_dim"], ctx.num_classes
+        if hp["projection"] == "dct" and ctx.kind != "image":
+            raise ValueError(f"method.projection=dct needs images; a {ctx.kind} dataset takes gaussian")
+        self._basis = (dct_basis(ctx.shape, hp["projection_frequencies"]).to(device) if hp["projection"] == "dct"
+                       else None)
 
         if budget.private:
             event = PATEEvent(sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"], threshold=hp["threshold"],
                               bound=hp["bound"], label=f"g_pate gradient votes ({n_teachers} teachers, k={k}, B={hp['bins']})")
             dp_gen = dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=str(device))
+            aggregate = "vote"
         else:
             event, dp_gen = None, None
+            aggregate = hp["inf_aggregate"]
         start = 0
         ckpt = Checkpointer.in_run(ctx.run_dir, CHECKPOINT, self._fingerprint(budget), every=hp["checkpoint_every"])
         saved = ckpt.load()
@@ -329,51 +416,48 @@ class GPATE(Method):
             event_id = ledger.add(event)
         else:
             event_id = None
-            ledger.add(NonPrivateEvent(label="g_pate trained without noise (eps=inf): plain argmax of the votes"))
+            ledger.add(NonPrivateEvent(label=f"g_pate trained without noise (eps=inf): {INF_AGGREGATES[aggregate]}"))
         if event is not None and hp["bound"] == "data_independent":
             q = pate_max_queries(epsilon=rest.epsilon, sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"],
                                  delta=rest.delta)
-            log.info("g_pate: the data-independent bound allows about %d queries = %d steps of %d (eps=%g, delta=%g)",
+            log.info("g_pate: the data-independent bound allows about %d queries = %d rounds of %d (eps=%g, delta=%g)",
                      q, q // (b * k), b * k, rest.epsilon, rest.delta)
+        log.info("g_pate: %d teachers of %d rows, %s", n_teachers, parts.size, batch_rule)
         # training labels: uniform over the classes (images), or drawn from the released proportions (tables)
         label_probs = None if self.proportions is None else torch.as_tensor(self.proportions, dtype=torch.float32)
 
         max_steps = ctx.capped_steps(hp["steps"])
-        self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": parts.size}
+        self.train_log: dict[str, Any] = {"stopped_by": "steps", "batch": b, "teacher_batch": tb,
+                                          "partition_size": parts.size, "batch_rule": batch_rule,
+                                          "aggregate": aggregate}
         t0 = time.perf_counter()
         step = start
         G.train()
+        bar = tqdm(total=max_steps, initial=start, desc="g_pate rounds", leave=False, disable=None)
+        answered_rate = math.nan
         while step < max_steps:
-            z = torch.randn(b, hp["z_dim"], generator=gen).to(device)
+            z = self._latent(b, gen).to(device)
             if label_probs is None:
-                y = torch.randint(0, ctx.num_classes, (b,), generator=gen).to(device)  # labels uniform (public)
+                y = torch.randint(0, C, (b,), generator=gen).to(device)  # labels uniform (public)
             else:
                 y = torch.multinomial(label_probs, b, replacement=True, generator=gen).to(device)
-            fake = G(z, y)
-            # teachers: Adam steps on their own partitions' rows vs the student's current fakes (shared by all)
+            # teachers: Adam steps on their own partitions' rows against fakes of the same labels (the reference
+            # code feeds each teacher G(z, its real rows' labels)): G(z, c) for every class c once, then gathered
             for _ in range(hp["teacher_steps"]):
                 rows = parts.sample(tb).to(device)
-                ens.train_step(x_all[rows], y_all[rows], fake.detach(), y)
-            # DPGradAgg: the teachers' votes on the projected, clipped, discretised gradients
-            proj = random_projections(b, d, k, generator=gen, device=device)
-            votes = torch.zeros(b, k, hp["bins"], dtype=torch.long, device=device)
-            for _, g in ens.input_gradient_chunks(fake.detach(), y):
-                votes += teacher_votes(g / b, proj, clip=hp["clip"], bins=hp["bins"])  # grad of the batch-mean loss
-            if event is not None:
-                flat = votes.view(b * k, hp["bins"])
-                # would this step's queries (GNMax charged for all) overspend?
-                trial = ledger.events[event_id].with_queries(flat, torch.ones(b * k, dtype=torch.bool))
-                if ledger.would_exceed(trial, replacing=event_id):
-                    self.train_log["stopped_by"] = "budget"
-                    break
-            g_hat, answered = aggregate_votes(
-                votes, proj, clip=hp["clip"], generator=dp_gen,
-                sigma_threshold=hp["sigma_threshold"] if event is not None else None,
-                sigma=hp["sigma"] if event is not None else None,
-                threshold=hp["threshold"] if event is not None else None,
-            )
-            if event is not None:
-                ledger.record_pate_queries(event_id, flat, answered.flatten())  # before the answers are used
+                ry = y_all[rows]  # (N, tb)
+                zt = z[:tb] if tb <= b else self._latent(tb, gen).to(device)
+                with torch.no_grad():
+                    table = G(zt.repeat(C, 1), torch.arange(C, device=device).repeat_interleave(tb))
+                table = table.view(C, tb, *table.shape[1:])
+                fakes = table[ry, torch.arange(tb, device=device)]  # (N, tb, ...): teacher i's fake j has its label
+                ens.train_step(x_all[rows], ry, fakes, ry)
+            fake = G(z, y)
+            g_hat, flat, answered = self._aggregate(ens, fake.detach(), y, aggregate=aggregate, gen=gen, dp_gen=dp_gen,
+                                                    event_id=event_id, ledger=ledger)
+            if g_hat is None:
+                self.train_log["stopped_by"] = "budget"
+                break
             # student: regress G(z) onto x + g_hat (sum of squares, as the reference code)
             target = (fake.detach() + g_hat.view_as(fake)).detach()
             loss = ((fake - target) ** 2).sum()
@@ -381,10 +465,14 @@ class GPATE(Method):
             loss.backward()
             opt_g.step()
             step += 1
+            if answered is not None:
+                answered_rate = answered.float().mean().item()
+            eps_now = ledger.epsilon() if event is not None else math.inf
+            bar.update(1)
+            bar.set_postfix(eps=f"{eps_now:.3f}", answered=f"{answered_rate:.2f}", refresh=False)
             if step % 50 == 0 or step == 1:
-                log.info("g_pate step %d: answered %.3f of %d queries, eps %.4f (%s)", step,
-                         answered.float().mean().item(), b * k, ledger.epsilon() if event is not None else math.inf,
-                         hp["bound"])
+                log.info("g_pate round %d: answered %.3f of %d queries, eps %.4f (%s)", step, answered_rate, b * k,
+                         eps_now, hp["bound"] if event is not None else aggregate)
             if ckpt.due(step):
                 ckpt.save(step, {
                     "G": G.state_dict(),
@@ -392,12 +480,62 @@ class GPATE(Method):
                     "partitions": parts.state_dict(), "gen": gen.get_state(),
                     "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
                 }, ledger)
+        bar.close()
         G.eval()
         self.G, self.device = G, device
         self.train_log.update(steps=step, fit_s=time.perf_counter() - t0, queries=0 if event is None else event.queries,
                               answered=0 if event is None else event.answered)
-        log.info("g_pate: %d steps (stopped by %s), %s", step, self.train_log["stopped_by"],
-                 f"{event.queries} queries, {event.answered} answered" if event is not None else "non-private")
+        log.info("g_pate: %d rounds (stopped by %s), %s", step, self.train_log["stopped_by"],
+                 f"{event.queries} queries, {event.answered} answered" if event is not None else aggregate)
+
+    def _aggregate(
+        self, ens: TeacherEnsemble, fake: torch.Tensor, y: torch.Tensor, *, aggregate: str, gen: torch.Generator,
+        dp_gen: torch.Generator | None, event_id: int | None, ledger: PrivacyLedger,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """The aggregated gradient into the generated samples ``fake`` (b, ...), of the batch-mean generator loss.
+
+        ``vote`` (private runs, and eps=inf with ``inf_aggregate=vote``): DPGradAgg, the teachers' votes on projected,
+        clipped, discretised gradients, answered by Confident-GNMax (private; the ledger records the votes before the
+        answers are used) or by their plain argmax (eps=inf). ``mean``: the teachers' mean gradient (the reference
+        code's ``non_private_aggregation``); ``projected``: the mean of the projected gradients, back-projected (no
+        clipping, no bins): the rungs of the README's ladder.
+
+        Returns:
+            ``(g_hat, votes (b*k, B), answered (b*k,))``; ``(None, None, None)`` when the round's queries would take
+            the ledger past its target (training stops); votes and answered are None without a vote.
+        """
+        hp = self.hp
+        b, d, k, bins = fake.shape[0], int(np.prod(fake.shape[1:])), hp["projection_dim"], hp["bins"]
+        if aggregate == "mean":
+            g_hat = torch.zeros_like(fake)
+            for _, g in ens.input_gradient_chunks(fake, y):
+                g_hat += g.sum(0) / b  # grad of the batch-mean loss
+            return g_hat / ens.n_teachers, None, None
+        proj = random_projections(b, d, k, generator=gen, device=fake.device, basis=self._basis)
+        if aggregate == "projected":
+            u = torch.zeros(b, k, device=fake.device)
+            for _, g in ens.input_gradient_chunks(fake, y):
+                u += torch.einsum("nbd,bdk->bk", (g / b).flatten(2).to(proj.dtype), proj)
+            return torch.einsum("bk,bdk->bd", u / ens.n_teachers, proj).view_as(fake), None, None
+        votes = torch.zeros(b, k, bins, dtype=torch.long, device=fake.device)
+        for _, g in ens.input_gradient_chunks(fake, y):
+            votes += teacher_votes(g / b, proj, clip=hp["clip"], bins=bins)  # grad of the batch-mean loss
+        flat = votes.view(b * k, bins)
+        private = event_id is not None
+        if private:
+            # would this round's queries (GNMax charged for all) overspend?
+            trial = ledger.events[event_id].with_queries(flat, torch.ones(b * k, dtype=torch.bool))
+            if ledger.would_exceed(trial, replacing=event_id):
+                return None, None, None
+        g_hat, answered = aggregate_votes(
+            votes, proj, clip=hp["clip"], generator=dp_gen,
+            sigma_threshold=hp["sigma_threshold"] if private else None,
+            sigma=hp["sigma"] if private else None,
+            threshold=hp["threshold"] if private else None,
+        )
+        if private:
+            ledger.record_pate_queries(event_id, flat, answered.flatten())  # before the answers are used
+        return g_hat.view_as(fake), flat, answered.flatten()
 
     @torch.no_grad()
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
@@ -407,7 +545,7 @@ class GPATE(Method):
         elif labels is None:
             labels = self.uniform_labels(n, rng)
         x = generate_conditional(self.G, labels, z_dim=self.hp["z_dim"], shape=self.ctx.shape, device=self.device,
-                                 generator=torch.Generator().manual_seed(self.ctx.seed + 1))
+                                 generator=torch.Generator().manual_seed(self.ctx.seed + 1), latent=self.hp["latent"])
         prov = {
             "method": "g_pate",
             "labels": "uniform over classes (public choice)" if self.proportions is None else
