@@ -27,7 +27,7 @@ from tests.conftest import crash_on_call, run_context
 
 SMOKE = ("method=gs_wgan", "dataset=fmnist", "method.critics=20", "method.batch_size=4", "method.critic_steps=1",
          "method.ndf=2", "method.ngf=4", "method.z_dim=8", "privacy.deterministic_noise=true",
-         "metrics.names.image=[]", "metrics.n_samples=50")
+         "metrics.names.image=[]", "metrics.n_samples=50", "method.warm_start_iterations=2")
 
 
 def _critic(ndf: int = 4) -> CondConvTeacher:
@@ -269,3 +269,71 @@ def test_a_private_run_publishes_neither_the_critic_drawn_nor_its_w_estimate(mak
     text = caplog.text
     assert "gs_wgan iteration 1/" in text and "critic " not in text and "W estimate" not in text
     assert "last_w" not in result["sample_provenance"]
+
+
+def test_the_warm_start_trains_every_critic_on_its_own_partition_and_resets_their_adams(monkeypatch) -> None:
+    """warm_start: critic k's steps read partition k's rows only, against a throw-away generator (not the main G),
+    every critic moves, and every Adam starts afresh afterwards (the authors load the weights into new optimisers)."""
+    torch.manual_seed(0)
+    x_all, y_all = torch.rand(40, 1, 28, 28), torch.randint(0, 3, (40,))
+    parts = TeacherPartitions(40, 4, generator=torch.Generator().manual_seed(0))
+    bank = CriticBank(_critic, 4, lr=1e-2, betas=(0.5, 0.9))
+    init = [bank.flat(i) for i in range(4)]
+    seen, made = [], []
+    original = gs_wgan.critic_steps_on
+    monkeypatch.setattr(gs_wgan, "critic_steps_on",
+                        lambda critic, opt, **kw: seen.append((kw["rows"], kw["G"])) or original(critic, opt, **kw))
+    gs_wgan.warm_start(bank, parts, x=x_all, y=y_all, make_generator=lambda: made.append(_gen()) or made[-1],
+                       iterations=3, critic_steps=2, batch=4, z_dim=8, num_classes=3, gp_weight=10.0, drift=1e-3,
+                       lr_g=1e-3, betas=(0.5, 0.9), generator=torch.Generator().manual_seed(0), progress=True)
+    assert len(seen) == 4 * 3 and len(made) == 4
+    for call, (rows, G) in enumerate(seen):
+        k = call // 3
+        assert torch.equal(rows, parts.rows[k]) and G is made[k]
+    for i in range(4):
+        assert not torch.equal(bank.flat(i), init[i])
+    assert bank.steps.tolist() == [0.0] * 4
+    assert all(float(t.abs().sum()) == 0.0 for t in (*bank.exp_avg.values(), *bank.exp_avg_sq.values()))
+
+
+def test_the_warm_start_charges_nothing_and_releases_no_critic(make_cfg, tmp_path, monkeypatch) -> None:
+    """A private run with a warm start: during it no noise is drawn and the ledger does not change; the run's ledger
+    is exactly the main run's releases (as without a warm start); the critics are never among the method's fitted
+    (published) attributes, only in the checkpoint as unreleased; a resumed run does not warm-start again."""
+    from dpsyn.cli.train import run
+
+    calls = []
+    original_ws, original_gm = gs_wgan.warm_start, gs_wgan.gaussian_mechanism
+    noise = []
+    monkeypatch.setattr(gs_wgan, "gaussian_mechanism", lambda *a, **kw: noise.append(1) or original_gm(*a, **kw))
+
+    charges = []
+    for name in ("add", "record_steps"):
+        method = getattr(PrivacyLedger, name)
+        monkeypatch.setattr(PrivacyLedger, name,
+                            lambda self, *a, _m=method, **kw: charges.append(1) or _m(self, *a, **kw))
+
+    def spied(bank, parts, **kw):
+        n_noise, n_charges = len(noise), len(charges)
+        before = [bank.flat(k) for k in range(bank.k)]
+        original_ws(bank, parts, **kw)
+        calls.append({"noise": len(noise) - n_noise, "charges": len(charges) - n_charges,
+                      "moved": all(not torch.equal(bank.flat(k), before[k]) for k in range(bank.k))})
+    monkeypatch.setattr(gs_wgan, "warm_start", spied)
+    over = (*SMOKE, "eps=1", "method.checkpoint_every=2")
+    original = gs_wgan.generator_step
+    monkeypatch.setattr(gs_wgan, "generator_step", crash_on_call(original, 3))
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*over), tmp_path / "run")
+    assert calls == [{"noise": 0, "charges": 0, "moved": True}] and len(charges) > 0
+    monkeypatch.setattr(gs_wgan, "generator_step", original)
+    result = run(make_cfg(*over), tmp_path / "run")
+    assert len(calls) == 1  # resumed from the checkpoint: no second warm start
+    (event,) = result["privacy_events"]
+    assert event["kind"] == "sampled_gaussian" and event["steps"] == 5 * 4  # the main run's releases only
+    cold = run(make_cfg(*over, "method.warm_start_iterations=0"), tmp_path / "cold")
+    assert cold["privacy_events"][0]["steps"] == event["steps"]
+    assert result["sample_provenance"]["warm_start_iterations"] == 2
+    assert cold["sample_provenance"]["warm_start_iterations"] == 0
+    assert "critics" not in gs_wgan.GSWGAN.fitted_attrs
+    assert gs_wgan.GSWGAN.unreleased_checkpoint_keys[gs_wgan.CHECKPOINT] == ("critics",)

@@ -293,6 +293,7 @@ class GSWGANSchema(MethodSchema):
     clip_at_inf: bool = True
     shuffle_partitions: bool = True
     checkpoint_every: int = f(100, **NON_NEGATIVE)
+    warm_start_iterations: int = f(50, **NON_NEGATIVE)
 
 
 @dataclass

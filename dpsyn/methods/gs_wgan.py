@@ -37,9 +37,12 @@ Known caveats of that analysis, kept as the authors made it and said so in the l
 * the b sanitised gradients of one iteration share the chosen critic, yet are composed as b independently
   subsampled releases, as in the authors' script.
 
-Not done: the authors' warm start (``source/pretrain.py``: every critic pre-trained for 2000 iterations on its own
-partition against its own throw-away non-private generator, before the main run); the critics here start from
-scratch, which needs many more iterations per critic (each is chosen about iterations/K times). The latent is
+Warm start (the authors' ``source/pretrain.py``; :func:`warm_start`): before the main run every critic k trains for
+``warm_start_iterations`` iterations (``critic_steps`` critic steps, then one generator step) on its own partition
+against its own throw-away generator, without noise (authors: 2000 iterations). It is not charged to privacy, as in
+the authors' analysis: the critics never leave the method (checkpoints list them as unreleased) and the throw-away
+generators are discarded; what leaves is only the sanitised gradient of the main run. The critics' Adam states are
+reset afterwards (the authors load the pre-trained weights into fresh optimisers). The latent is
 Gaussian (the authors default to a Bernoulli latent) and the generator is :class:`dpsyn.nets.dcgan.CondDCGANGenerator`
 (theirs: a ResNet generator).
 The critics are :class:`dpsyn.nets.ensemble.CondConvTeacher` (no normalisation layer, which WGAN-GP needs), stored
@@ -61,6 +64,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.func import stack_module_state
+from tqdm.auto import tqdm
 
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
@@ -273,6 +277,65 @@ def gradient_penalty(critic: nn.Module, real: torch.Tensor, fake: torch.Tensor, 
     return ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
 
 
+def critic_steps_on(
+    critic: nn.Module, opt: torch.optim.Optimizer, *, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor,
+    G: nn.Module, z_dim: int, steps: int, batch: int, gp_weight: float, drift: float, generator: torch.Generator,
+) -> float:
+    """``steps`` Adam steps of ``critic`` on WGAN-GP, real rows drawn from ``rows`` only (see :func:`critic_turn`);
+    returns the Wasserstein estimate ``mean D(real) - mean D(fake)`` of the last step."""
+    device = x.device
+    w = math.nan
+    for _ in range(steps):
+        pick = rows[torch.randperm(len(rows), generator=generator)[:batch]].to(device)
+        real, ry = x[pick], y[pick]
+        z = torch.randn(len(pick), z_dim, generator=generator).to(device)
+        alpha = torch.rand(len(pick), generator=generator).to(device)
+        with torch.no_grad():
+            fake = G(z, ry)
+        d_real, d_fake = critic(real, ry), critic(fake, ry)
+        loss = d_fake.mean() - d_real.mean() + gp_weight * gradient_penalty(critic, real, fake, ry, alpha)
+        loss = loss + drift * (d_real**2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        w = float((d_real.mean() - d_fake.mean()).detach())
+    return w
+
+
+def warm_start(
+    bank: CriticBank, parts: TeacherPartitions, *, x: torch.Tensor, y: torch.Tensor,
+    make_generator: Callable[[], nn.Module], iterations: int, critic_steps: int, batch: int, z_dim: int,
+    num_classes: int, gp_weight: float, drift: float, lr_g: float, betas: tuple[float, float],
+    generator: torch.Generator, progress: bool | None = None,
+) -> None:
+    """The authors' warm start (``source/pretrain.py``): every critic k, in turn, trains ``iterations`` iterations of
+    WGAN-GP (``critic_steps`` critic steps on partition k, then one Adam step of a throw-away generator, made by
+    ``make_generator`` and discarded after k), without noise. Afterwards every critic's Adam state is reset.
+
+    Nothing here is released: the critics stay in ``bank`` (never published) and the throw-away generators are
+    dropped, so no ledger entry is made (the privacy cost is in the sanitised gradients of the main run only).
+    """
+    for k in tqdm(range(bank.k), desc="gs_wgan warm start (critics)", leave=False, disable=progress):
+        G_k = make_generator().to(x.device)
+        opt_g = torch.optim.Adam(G_k.parameters(), lr=lr_g, betas=betas)
+        critic, opt = bank.checkout(k)
+        for _ in range(iterations):
+            critic_steps_on(critic, opt, x=x, y=y, rows=parts.rows[k], G=G_k, z_dim=z_dim, steps=critic_steps,
+                            batch=batch, gp_weight=gp_weight, drift=drift, generator=generator)
+            z = torch.randn(batch, z_dim, generator=generator).to(x.device)
+            yz = torch.randint(0, num_classes, (batch,), generator=generator).to(x.device)
+            loss = -critic(G_k(z, yz), yz).mean()
+            grads = torch.autograd.grad(loss, list(G_k.parameters()))  # the critic's own parameters untouched
+            for p, g in zip(G_k.parameters(), grads):
+                p.grad = g
+            opt_g.step()
+        bank.checkin(k, opt)
+        del G_k, opt_g
+    for t in (*bank.exp_avg.values(), *bank.exp_avg_sq.values()):
+        t.zero_()
+    bank.steps.zero_()
+
+
 def critic_turn(
     bank: CriticBank, k: int, *, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, G: nn.Module, z_dim: int,
     steps: int, batch: int, gp_weight: float, drift: float, generator: torch.Generator,
@@ -291,23 +354,9 @@ def critic_turn(
     Returns:
         ``(critic module holding k's new weights, Wasserstein estimate mean D(real) - mean D(fake) of the last step)``.
     """
-    device = x.device
     critic, opt = bank.checkout(k)
-    w = math.nan
-    for _ in range(steps):
-        pick = rows[torch.randperm(len(rows), generator=generator)[:batch]].to(device)
-        real, ry = x[pick], y[pick]
-        z = torch.randn(len(pick), z_dim, generator=generator).to(device)
-        alpha = torch.rand(len(pick), generator=generator).to(device)
-        with torch.no_grad():
-            fake = G(z, ry)
-        d_real, d_fake = critic(real, ry), critic(fake, ry)
-        loss = d_fake.mean() - d_real.mean() + gp_weight * gradient_penalty(critic, real, fake, ry, alpha)
-        loss = loss + drift * (d_real**2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        w = float((d_real.mean() - d_fake.mean()).detach())
+    w = critic_steps_on(critic, opt, x=x, y=y, rows=rows, G=G, z_dim=z_dim, steps=steps, batch=batch,
+                        gp_weight=gp_weight, drift=drift, generator=generator)
     bank.checkin(k, opt)
     return critic, w
 
@@ -343,7 +392,8 @@ class GSWGAN(Method):
     def _check(cfg: Any) -> dict[str, Any]:
         """Every hyperparameter (checked at compose time by the schema, dpsyn.config.schema.GSWGANSchema)."""
         hp: dict[str, Any] = {}
-        for key in ("critics", "iterations", "batch_size", "critic_steps", "z_dim", "ngf", "ndf", "checkpoint_every"):
+        for key in ("critics", "iterations", "batch_size", "critic_steps", "z_dim", "ngf", "ndf", "checkpoint_every",
+                    "warm_start_iterations"):
             hp[key] = int(cfg.get(key))
         for key in ("clip", "gp_weight", "lr_g", "lr_d", "beta1", "beta2", "ema", "drift"):
             hp[key] = float(cfg.get(key))
@@ -434,6 +484,20 @@ class GSWGAN(Method):
 
         self.train_log: dict[str, Any] = {"partition_size": parts.size, "critic_batch": critic_batch}
         t0 = time.perf_counter()
+        warm = ctx.capped_steps(hp["warm_start_iterations"]) if hp["warm_start_iterations"] else 0
+        if saved is None and warm:
+            log.info("gs_wgan warm start: %d critics x %d non-private iterations on their own partitions "
+                     "(not released, not charged)", K, warm)
+            warm_start(bank, parts, x=x_all, y=y_all, iterations=warm, critic_steps=hp["critic_steps"],
+                       batch=critic_batch, z_dim=hp["z_dim"], num_classes=ctx.num_classes, gp_weight=hp["gp_weight"],
+                       drift=hp["drift"], lr_g=hp["lr_g"], betas=(hp["beta1"], hp["beta2"]), generator=gen,
+                       make_generator=lambda: CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes,
+                                                                 channels=channels, resolution=resolution,
+                                                                 ngf=hp["ngf"]))
+            self.train_log["warm_start_s"] = time.perf_counter() - t0
+            if ckpt.enabled:  # the warm start is not repeated after a crash
+                ckpt.save(0, self._state(released, G, G_ema, opt_g, bank, parts, gen, picker, dp_gen, budget), ledger)
+        self.train_log["warm_start_iterations"] = warm
         it, w = start, math.nan
         G.train()
         while it < iterations:
@@ -459,13 +523,7 @@ class GSWGAN(Method):
                 else:
                     log.info("gs_wgan iteration %d/%d: eps %.4f", it, iterations, ledger.epsilon())
             if ckpt.due(it):
-                ckpt.save(it, {
-                    "releases": released, "G": G.state_dict(),
-                    "G_ema": G_ema.state_dict(), "opt_g": opt_g.state_dict(), "critics": bank.state_dict(),
-                    "partitions": parts.state_dict(), "gen": gen.get_state(),
-                    "picker": picker.get_state() if (ctx.deterministic_noise or not budget.private) else None,
-                    "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
-                }, ledger)
+                ckpt.save(it, self._state(released, G, G_ema, opt_g, bank, parts, gen, picker, dp_gen, budget), ledger)
         G.eval()
         G_ema.eval()
         self.G = G_ema if hp["ema"] > 0 else G
@@ -475,6 +533,19 @@ class GSWGAN(Method):
         if event_id is None:  # non-private only: W is read from private rows without noise
             self.train_log["last_w"] = w
         log.info("gs_wgan: %d iterations, %d sanitised releases, sigma %.4g", it, released, sigma)
+
+    def _state(self, released: int, G: nn.Module, G_ema: nn.Module, opt_g: torch.optim.Optimizer, bank: CriticBank,
+               parts: TeacherPartitions, gen: torch.Generator, picker: torch.Generator,
+               dp_gen: torch.Generator | None, budget: PrivacyBudget) -> dict[str, Any]:
+        """The checkpoint's state; the DP generators' states only where they are not secret (deterministic noise or
+        eps=inf)."""
+        keep = self.ctx.deterministic_noise or not budget.private
+        return {
+            "releases": released, "G": G.state_dict(), "G_ema": G_ema.state_dict(), "opt_g": opt_g.state_dict(),
+            "critics": bank.state_dict(), "partitions": parts.state_dict(), "gen": gen.get_state(),
+            "picker": picker.get_state() if keep else None,
+            "dp_gen": dp_gen.get_state() if (dp_gen is not None and self.ctx.deterministic_noise) else None,
+        }
 
     @torch.no_grad()
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
@@ -489,7 +560,8 @@ class GSWGAN(Method):
             "accountant": f"sampled-Gaussian {self.ctx.accountant}, noise multiplier sigma/2 (sensitivity 2C), "
                           f"rate 1/K, iterations x batch releases; {SAMPLING_NOTE}",
             "critics": self.hp["critics"],
-            "warm_start": "none (the authors pre-train the critics; not done)",
+            "warm_start": f"{self.train_log.get('warm_start_iterations', 0)} non-private iterations per critic "
+                          "(authors: 2000; not charged: the critics are not released)",
             "generator": "EMA of G" if self.hp["ema"] > 0 else "G",
             **{k: v for k, v in self.train_log.items() if k != "fit_s"},
         }
