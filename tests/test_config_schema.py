@@ -53,7 +53,7 @@ def test_preflight_imports_no_torch_and_no_method_module() -> None:
         (["method=g_pate", "method.bins=1"], "method.bins=1: must be an integer >= 2"),
         (["method=g_pate", "method.clip=-1"], "method.clip=-1.0: must be a number > 0"),
         (["method=g_pate", "method.bound=smooth"], "method.bound=smooth: allowed: data_independent, data_dependent"),
-        (["method=g_pate", "method.teacher_arch=resnet"], "method.teacher_arch=resnet: allowed: auto, conv"),
+        (["method=g_pate", "method.teacher_arch=resnet"], "method.teacher_arch=resnet: allowed: auto, gpate, conv"),
         (["method=g_pate", "method.d_hidden=[]"], "method.d_hidden=[]: must not be empty"),
         (["method=g_pate", "method.g_hidden=[64,0]"], "method.g_hidden=[64, 0]: each item must be an integer >= 1"),
         (["method=g_pate", "method.threshold=inf"], "method.threshold=inf: must be a finite vote count"),
@@ -181,7 +181,7 @@ def test_train_fit_fingerprint_uses_the_typed_method_config() -> None:
 
 # (method, dataset, extra overrides) -> the absolute votes the yaml files gave before the ratios (sigma1, sigma2, T)
 TODAY = [
-    ("g_pate", "fmnist", [], (1500.0, 500.0, 1000.0)),
+    ("g_pate", "fmnist", [], (3000.0, 1000.0, 2000.0)),
     ("g_pate", "digits", [], (375.0, 125.0, 250.0)),
     ("g_pate", "breast_cancer", [], (37.5, 12.5, 25.0)),
     ("g_pate", "kaggle_credit", [], (3000.0, 1000.0, 2000.0)),
