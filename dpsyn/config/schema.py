@@ -427,6 +427,13 @@ class PublicPoolDatasetSchema(DatasetSchema):
 
 
 @dataclass
+class CelebADatasetSchema(PublicPoolDatasetSchema):
+    """CelebA (celeba_gender, celeba_hair): a centre crop before the resize."""
+
+    crop: Optional[int] = f(108, **POSITIVE)
+
+
+@dataclass
 class EvalSplitDatasetSchema(DatasetSchema):
     """Datasets whose eval split is cut from one set (digits, breast_cancer)."""
 
@@ -440,7 +447,7 @@ class KaggleCreditDatasetSchema(EvalSplitDatasetSchema):
 
 DATASET_SCHEMAS: Dict[str, type] = {
     "base": DatasetSchema, "public_pool": PublicPoolDatasetSchema, "eval_split": EvalSplitDatasetSchema,
-    "kaggle_credit": KaggleCreditDatasetSchema,
+    "kaggle_credit": KaggleCreditDatasetSchema, "celeba": CelebADatasetSchema,
 }
 
 

@@ -13,6 +13,9 @@ The data comes from ``data_dir`` (the run's ``${paths.data_dir}``), or from the 
   ``devkit/{cars_meta,cars_train_annos}.mat``, ``cars_test_annos_withlabels.mat``; read by :func:`read_cars_index`.
 - ``birds``: CUB-200-2011 as ``CUB_200_2011.tgz`` extracts: ``data_dir/CUB_200_2011/{images.txt,
   image_class_labels.txt, train_test_split.txt, classes.txt, images/}``; read by :func:`read_birds_index`.
+- ``celeba_gender``, ``celeba_hair`` (paper 002's CelebA-Gender and CelebA-Hair): CelebA's aligned images as the
+  official release (and torchvision's ``CelebA`` layout) has them: ``data_dir/celeba/img_align_celeba/*.jpg``,
+  ``list_attr_celeba.txt``, ``list_eval_partition.txt``; read by :func:`read_celeba_index`.
 
 The fine-grained sets are JPEGs of every size: their annotation files are read first (so that a bad class name
 fails before any image is decoded), then only the images a run uses are decoded with PIL, centre-cropped to a square
@@ -51,13 +54,16 @@ __all__ = [
     "MNIST_RAW_FILES",
     "ImageArrays",
     "ImageIndex",
+    "CELEBA_TASKS",
     "load_birds",
     "load_cars",
+    "load_celeba",
     "load_cifar10",
     "load_mnist",
     "load_pets",
     "read_birds_index",
     "read_cars_index",
+    "read_celeba_index",
     "read_cifar10",
     "read_mnist",
     "read_pets_index",
@@ -540,11 +546,91 @@ def read_birds_index(data_dir: str | Path, *, download: bool = False) -> ImageIn
     return _check_images_exist("CUB-200-2011", index, hint)
 
 
-def read_square_images(files: list[Path], *, resolution: int, what: str = "images") -> np.ndarray:
+CELEBA_DIR = "celeba"
+CELEBA_TASKS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gender": (("Male",), ("female", "male")),
+    "hair": (("Black_Hair", "Blond_Hair", "Brown_Hair"), ("black", "blond", "brown")),
+}
+"""Paper 002's CelebA tasks: the attributes read and the class names. ``gender``: ``Male`` -1/1 -> female/male, every
+image. ``hair``: the images with exactly one of the three hair-colour attributes at 1, labelled by it (the paper's
+"three hair color attributes (black/blonde/brown)"; images with none or several are left out: a reconstruction, the
+paper does not say)."""
+
+
+def read_celeba_index(data_dir: str | Path, task: str, *, download: bool = False) -> ImageIndex:
+    """CelebA's official train (partition 0: private) and test (partition 2: eval) images for ``task`` from
+    ``data_dir/celeba``: ``list_attr_celeba.txt`` (a count line, a line of 40 attribute names, then one line per image:
+    its file name and 40 values of -1 or 1), ``list_eval_partition.txt`` (file name, 0 train / 1 valid / 2 test) and
+    ``img_align_celeba/``. The validation partition is not used (the paper follows the official train/test split).
+
+    Raises:
+        FileNotFoundError: a missing file (the message says where to put it).
+        DataFormatError: a malformed line (path and line number), or files the two lists disagree on.
+        ValueError: an unknown task.
+    """
+    if task not in CELEBA_TASKS:
+        raise ValueError(f"CelebA task {task!r}; allowed: {', '.join(CELEBA_TASKS)}")
+    if download:
+        raise ValueError("dataset.download=true: dpsyn does not download CelebA (Google Drive needs a browser); put "
+                         "img_align_celeba/, list_attr_celeba.txt and list_eval_partition.txt in "
+                         f"{Path(data_dir) / CELEBA_DIR}")
+    root = Path(data_dir) / CELEBA_DIR
+    attr_path, part_path = root / "list_attr_celeba.txt", root / "list_eval_partition.txt"
+    images = root / "img_align_celeba"
+    hint = (f"put CelebA's aligned images and annotation files (img_align_celeba/, list_attr_celeba.txt, "
+            f"list_eval_partition.txt) in {root}")
+    for path in (attr_path, part_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"CelebA: {path} not found; {hint}")
+    rows = _text_rows(attr_path, min_fields=1, form="count, then attribute names, then 'file v1 .. v40'")
+    if len(rows) < 2:
+        raise DataFormatError(f"{attr_path}: expected a count line and an attribute-name line")
+    (_, count_fields), (_, names) = rows[0], rows[1]
+    count = _int_field(attr_path, rows[0][0], count_fields[0], low=0)
+    attributes, classes = CELEBA_TASKS[task]
+    missing = [a for a in attributes if a not in names]
+    if missing:
+        raise DataFormatError(f"{attr_path}: attribute {missing[0]!r} not among the names on line {rows[1][0]}")
+    cols = [names.index(a) for a in attributes]
+    values: dict[str, list[int]] = {}
+    for number, fields in rows[2:]:
+        if len(fields) != len(names) + 1:
+            raise DataFormatError(f"{attr_path}:{number}: expected a file name and {len(names)} values, found "
+                                  f"{len(fields)} fields")
+        values[fields[0]] = [_int_field(attr_path, number, fields[1 + c], low=-1, high=1) for c in cols]
+    if len(values) != count:
+        raise DataFormatError(f"{attr_path}: the first line says {count} images, {len(values)} lines follow")
+    split: dict[str, int] = {}
+    for number, fields in _text_rows(part_path, min_fields=2, form="file partition"):
+        split[fields[0]] = _int_field(part_path, number, fields[1], low=0, high=2)
+    if set(split) != set(values):
+        extra = sorted(set(split) ^ set(values))[0]
+        raise DataFormatError(f"{attr_path} and {part_path} list different images (e.g. {extra})")
+    out: dict[int, tuple[list[Path], list[int]]] = {0: ([], []), 2: ([], [])}
+    for name in sorted(values):
+        v = values[name]
+        if task == "gender":
+            label = int(v[0] == 1)
+        else:
+            on = [i for i, x in enumerate(v) if x == 1]
+            if len(on) != 1:
+                continue
+            label = on[0]
+        if split[name] in out:
+            out[split[name]][0].append(images / name)
+            out[split[name]][1].append(label)
+    index = ImageIndex(out[0][0], np.asarray(out[0][1], np.int64), out[2][0], np.asarray(out[2][1], np.int64),
+                       classes, {"attributes": str(attr_path), "partition": str(part_path), "images": str(images)})
+    return _check_images_exist("CelebA", index, hint)
+
+
+def read_square_images(files: list[Path], *, resolution: int, what: str = "images",
+                       crop: int | None = None) -> np.ndarray:
     """Decode image files with PIL as uint8 RGB (N, 3, resolution, resolution), with a progress bar on a terminal.
 
     Each image (grey, CMYK or RGB) is converted to RGB, centre-cropped to the largest square (side = its shorter
-    side) and resized to ``resolution`` with PIL's bilinear filter (antialiased when shrinking).
+    side; or ``crop`` x ``crop`` pixels where given, at most the shorter side) and resized to ``resolution`` with
+    PIL's bilinear filter (antialiased when shrinking).
 
     Raises:
         DataFormatError: a file PIL cannot read (the message names it).
@@ -558,7 +644,7 @@ def read_square_images(files: list[Path], *, resolution: int, what: str = "image
         try:
             with Image.open(path) as im:
                 im = im.convert("RGB")
-                side = min(im.size)
+                side = min(im.size) if crop is None else min(int(crop), *im.size)
                 left, top = (im.size[0] - side) // 2, (im.size[1] - side) // 2
                 im = im.crop((left, top, left + side, top + side))
                 if side != resolution:
@@ -632,7 +718,8 @@ def load_cifar10(cfg: Any, *, seed: int, data_dir: Path) -> DataBundle:
     return dataclasses.replace(bundle, public=public, public_classes=wnids, info=info)
 
 
-def _check_finegrained_config(cfg: Any, *, family: str) -> None:
+def _check_finegrained_config(cfg: Any, *, family: str, extra_keys: tuple[str, ...] = (),
+                              public_options: tuple[str | None, ...] = (None, "imagenet_val")) -> None:
     """:func:`check_config` for ``pets``/``cars``/``birds``, whose class names come from their annotation files.
 
     Here the form of ``classes`` is checked (a non-empty list of distinct names); the names themselves are checked
@@ -643,15 +730,16 @@ def _check_finegrained_config(cfg: Any, *, family: str) -> None:
     if requested is not None and (isinstance(requested, str) or not isinstance(requested, list) or not requested):
         raise ValueError(f"dataset.classes={requested!r} must be null (all) or a non-empty list of class names of "
                          f"dataset {name!r}")
-    check_config(cfg, kind="image", family=family, public_options=(None, "imagenet_val"),
+    check_config(cfg, kind="image", family=family, public_options=public_options,
                  class_names=[str(c) for c in requested] if requested is not None else None,
-                 extra_keys=("n_public",))
+                 extra_keys=("n_public", *extra_keys))
     if cfg_get(cfg, "resolution") is None:
         raise ValueError(f"dataset.resolution=null: the images of dataset {name!r} have no common native size; "
                          "allowed: a positive integer (paper 000: 128)")
 
 
-def _load_finegrained(cfg: Any, *, seed: int, data_dir: Path, index: ImageIndex, family: str) -> DataBundle:
+def _load_finegrained(cfg: Any, *, seed: int, data_dir: Path, index: ImageIndex, family: str,
+                      crop: int | None = None) -> DataBundle:
     """private = official train split (class subset, ``n_private`` subsample), eval = official test split of the
     same classes, both decoded at ``resolution``; public = ImageNet validation images with ``public: imagenet_val``.
 
@@ -667,9 +755,9 @@ def _load_finegrained(cfg: Any, *, seed: int, data_dir: Path, index: ImageIndex,
     private_index = rows[keep]
     eval_rows, eval_labels, _ = select_classes(index.test_y, index.classes, classes)
     private_x = read_square_images([index.train_files[i] for i in private_index], resolution=resolution,
-                                   what=f"{name} train images")
+                                   what=f"{name} train images", crop=crop)
     eval_x = read_square_images([index.test_files[i] for i in eval_rows], resolution=resolution,
-                                what=f"{name} test images")
+                                what=f"{name} test images", crop=crop)
     info = {
         "source": family,
         "files": index.files,
@@ -678,7 +766,8 @@ def _load_finegrained(cfg: Any, *, seed: int, data_dir: Path, index: ImageIndex,
         "n_private": cfg_get(cfg, "n_private"),
         "classes": names,
         "public": None,
-        "preprocessing": f"RGB, centre square crop, PIL bilinear resize to {resolution}x{resolution}",
+        "preprocessing": f"RGB, centre {'square' if crop is None else f'{crop}x{crop}'} crop, PIL bilinear resize "
+                         f"to {resolution}x{resolution}",
     }
     bundle = finish_image_bundle(
         cfg,
@@ -724,3 +813,25 @@ def load_birds(cfg: Any, *, seed: int, data_dir: Path) -> DataBundle:
     _check_finegrained_config(cfg, family="birds")
     index = read_birds_index(data_dir, download=bool(cfg_get(cfg, "download", False)))
     return _load_finegrained(cfg, seed=seed, data_dir=data_dir, index=index, family="birds")
+
+
+def load_celeba(cfg: Any, *, seed: int, data_dir: Path, task: str) -> DataBundle:
+    """CelebA for paper 002: private = the official train partition, eval = the test partition, of ``task``'s images
+    (:data:`CELEBA_TASKS`), each centre-cropped to ``crop`` pixels and resized to ``resolution``; no public data."""
+    family = f"celeba_{task}"
+    _check_finegrained_config(cfg, family=family, extra_keys=("crop",), public_options=(None,))
+    index = read_celeba_index(data_dir, task, download=bool(cfg_get(cfg, "download", False)))
+    return _load_finegrained(cfg, seed=seed, data_dir=data_dir, index=index, family=family,
+                             crop=cfg_get(cfg, "crop"))
+
+
+@DATASETS.register("celeba_gender")
+def load_celeba_gender(cfg: Any, *, seed: int, data_dir: Path) -> DataBundle:
+    """``celeba_gender``: CelebA-Gender (paper 002), female/male; 162770 train and 19962 test images."""
+    return load_celeba(cfg, seed=seed, data_dir=data_dir, task="gender")
+
+
+@DATASETS.register("celeba_hair")
+def load_celeba_hair(cfg: Any, *, seed: int, data_dir: Path) -> DataBundle:
+    """``celeba_hair``: CelebA-Hair (paper 002), black/blond/brown, the images with exactly one of the three."""
+    return load_celeba(cfg, seed=seed, data_dir=data_dir, task="hair")
