@@ -182,6 +182,8 @@ def test_train_fit_fingerprint_uses_the_typed_method_config() -> None:
 # (method, dataset, extra overrides) -> the absolute votes the yaml files gave before the ratios (sigma1, sigma2, T)
 TODAY = [
     ("g_pate", "fmnist", [], (3000.0, 1000.0, 2000.0)),
+    ("g_pate", "fmnist", ["eps=10"], (1200.0, 200.0, 2000.0)),  # the paper's eps=10 ratios (0.3 N, 0.05 N, 0.5 N)
+    ("g_pate", "digits", ["eps=10"], (375.0, 125.0, 250.0)),  # per-eps ratios only where the paper's setting applies
     ("g_pate", "digits", [], (375.0, 125.0, 250.0)),
     ("g_pate", "breast_cancer", [], (37.5, 12.5, 25.0)),
     ("g_pate", "kaggle_credit", [], (3000.0, 1000.0, 2000.0)),
