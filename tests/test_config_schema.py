@@ -161,7 +161,7 @@ def test_fingerprint_holds_every_schema_field_resolved() -> None:
     assert set(fp) == set(METHOD_SCHEMAS["g_pate"].__dataclass_fields__)
     assert fp["sigma_ratio"] == 0.25 and fp["sigma"] is None
     # a node built by hand without a key still fingerprints it (the schema's default): nothing can be missed
-    hand = OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg.method).items() if k != "bins"})
+    hand = OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg.method, resolve=True).items() if k != "bins"})
     assert fingerprint(hand)["bins"] == fp["bins"] and set(fingerprint(hand)) == set(fp)
     for override in ("method.bins=5", "method.sigma=400", "method.teacher_chunk=null"):
         assert fingerprint(compose_cfg(["method=g_pate", override]).method) != fp, override
