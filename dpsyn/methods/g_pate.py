@@ -453,7 +453,7 @@ class GPATE(Method):
                 fakes = table[ry, torch.arange(tb, device=device)]  # (N, tb, ...): teacher i's fake j has its label
                 ens.train_step(x_all[rows], ry, fakes, ry)
             fake = G(z, y)
-            g_hat, flat, answered = self._aggregate(ens, fake.detach(), y, aggregate=aggregate, gen=gen, dp_gen=dp_gen,
+            g_hat, answered = self._aggregate(ens, fake.detach(), y, aggregate=aggregate, gen=gen, dp_gen=dp_gen,
                                                     event_id=event_id, ledger=ledger)
             if g_hat is None:
                 self.train_log["stopped_by"] = "budget"
@@ -491,7 +491,7 @@ class GPATE(Method):
     def _aggregate(
         self, ens: TeacherEnsemble, fake: torch.Tensor, y: torch.Tensor, *, aggregate: str, gen: torch.Generator,
         dp_gen: torch.Generator | None, event_id: int | None, ledger: PrivacyLedger,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The aggregated gradient into the generated samples ``fake`` (b, ...), of the batch-mean generator loss.
 
         ``vote`` (private runs, and eps=inf with ``inf_aggregate=vote``): DPGradAgg, the teachers' votes on projected,
@@ -501,8 +501,8 @@ class GPATE(Method):
         clipping, no bins): the rungs of the README's ladder.
 
         Returns:
-            ``(g_hat, votes (b*k, B), answered (b*k,))``; ``(None, None, None)`` when the round's queries would take
-            the ledger past its target (training stops); votes and answered are None without a vote.
+            ``(g_hat, answered (b*k,))``; ``(None, None)`` when the round's queries would take the ledger past its
+            target (training stops); ``answered`` is None without a vote.
         """
         hp = self.hp
         b, d, k, bins = fake.shape[0], int(np.prod(fake.shape[1:])), hp["projection_dim"], hp["bins"]
@@ -510,13 +510,13 @@ class GPATE(Method):
             g_hat = torch.zeros_like(fake)
             for _, g in ens.input_gradient_chunks(fake, y):
                 g_hat += g.sum(0) / b  # grad of the batch-mean loss
-            return g_hat / ens.n_teachers, None, None
+            return g_hat / ens.n_teachers, None
         proj = random_projections(b, d, k, generator=gen, device=fake.device, basis=self._basis)
         if aggregate == "projected":
             u = torch.zeros(b, k, device=fake.device)
             for _, g in ens.input_gradient_chunks(fake, y):
                 u += torch.einsum("nbd,bdk->bk", (g / b).flatten(2).to(proj.dtype), proj)
-            return torch.einsum("bk,bdk->bd", u / ens.n_teachers, proj).view_as(fake), None, None
+            return torch.einsum("bk,bdk->bd", u / ens.n_teachers, proj).view_as(fake), None
         votes = torch.zeros(b, k, bins, dtype=torch.long, device=fake.device)
         for _, g in ens.input_gradient_chunks(fake, y):
             votes += teacher_votes(g / b, proj, clip=hp["clip"], bins=bins)  # grad of the batch-mean loss
@@ -526,7 +526,7 @@ class GPATE(Method):
             # would this round's queries (GNMax charged for all) overspend?
             trial = ledger.events[event_id].with_queries(flat, torch.ones(b * k, dtype=torch.bool))
             if ledger.would_exceed(trial, replacing=event_id):
-                return None, None, None
+                return None, None
         g_hat, answered = aggregate_votes(
             votes, proj, clip=hp["clip"], generator=dp_gen,
             sigma_threshold=hp["sigma_threshold"] if private else None,
@@ -535,7 +535,7 @@ class GPATE(Method):
         )
         if private:
             ledger.record_pate_queries(event_id, flat, answered.flatten())  # before the answers are used
-        return g_hat.view_as(fake), flat, answered.flatten()
+        return g_hat.view_as(fake), answered.flatten()
 
     @torch.no_grad()
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:

@@ -330,7 +330,6 @@ def warm_start(
                 p.grad = g
             opt_g.step()
         bank.checkin(k, opt)
-        del G_k, opt_g
     for t in (*bank.exp_avg.values(), *bank.exp_avg_sq.values()):
         t.zero_()
     bank.steps.zero_()
@@ -430,8 +429,11 @@ class GSWGAN(Method):
         parts = TeacherPartitions(n_rows, K, generator=gen, shuffle=hp["shuffle_partitions"])
         critic_batch = min(b, parts.size)
         channels, resolution = ctx.shape[0], ctx.shape[1]
-        G = CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=channels,
-                               resolution=resolution, ngf=hp["ngf"]).to(device)
+        def make_generator() -> nn.Module:  # the main G, and each critic's throw-away warm-start generator
+            return CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=channels,
+                                      resolution=resolution, ngf=hp["ngf"])
+
+        G = make_generator().to(device)
         G_ema = copy.deepcopy(G)
         bank = CriticBank(
             lambda: CondConvTeacher(num_classes=ctx.num_classes, channels=channels, resolution=resolution,
@@ -491,9 +493,7 @@ class GSWGAN(Method):
             warm_start(bank, parts, x=x_all, y=y_all, iterations=warm, critic_steps=hp["critic_steps"],
                        batch=critic_batch, z_dim=hp["z_dim"], num_classes=ctx.num_classes, gp_weight=hp["gp_weight"],
                        drift=hp["drift"], lr_g=hp["lr_g"], betas=(hp["beta1"], hp["beta2"]), generator=gen,
-                       make_generator=lambda: CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes,
-                                                                 channels=channels, resolution=resolution,
-                                                                 ngf=hp["ngf"]))
+                       make_generator=make_generator)
             self.train_log["warm_start_s"] = time.perf_counter() - t0
             if ckpt.enabled:  # the warm start is not repeated after a crash
                 ckpt.save(0, self._state(released, G, G_ema, opt_g, bank, parts, gen, picker, dp_gen, budget), ledger)
