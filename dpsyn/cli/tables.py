@@ -19,7 +19,7 @@ from typing import Any
 from dpsyn.paths import CONF_DIR, REPO_DIR
 
 EXPERIMENTS_DIR = REPO_DIR / "experiments"
-PROFILES = ("embedded", "paper")
+PROFILES = ("embedded", "quick", "paper")
 
 
 @dataclass(frozen=True)
