@@ -9,6 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from dpsyn.cli.config_check import ConfigError, check_composed, datasets_with_public, group_options
+from dpsyn.cli.tables import PROFILES
 from dpsyn.paths import CONF_DIR
 from tests.tiny import TINY
 
@@ -106,7 +107,7 @@ def test_every_experiment_gets_the_shared_logger_and_sweep_dir_from_the_base(exp
     finally:
         GlobalHydra.instance().clear()
     assert cfg.logger._target_ == "lightning.pytorch.loggers.CSVLogger"
-    assert cfg.experiment_name and cfg.profile in ("embedded", "paper")
+    assert cfg.experiment_name and cfg.profile in PROFILES
     sweep = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)
     assert sweep["dir"] == "${paths.output_dir}/experiments/${experiment_name}/${profile}"
     assert "${now:" not in sweep["subdir"] and sweep["subdir"].endswith("seed${seed}")

@@ -1,15 +1,24 @@
 """``python -m dpsyn.cli.tables``: run the table sweeps (resuming), then build tables and plots from the runs.
 
-``reproduce --profile embedded|paper``: for each table spec in ``experiments/``, list its cells (from the
+``reproduce --profile embedded|quick|paper``: for each table spec in ``experiments/``, list its cells (from the
 experiment's ``hydra.sweeper.params``), run the missing ones as one Hydra multirun with ``skip_existing=true`` (a
 cell whose ``result.json`` exists is not trained again; a failing cell is reported and the others go on), then build.
-``build``: only rebuild tables and plots from the runs on disk.
+``build``: only rebuild tables and plots from the runs on disk, or with ``--from experiments/`` from the results kept
+in the repo (``experiments/<paper>/results.csv``), without any run.
+``export``: write the finished runs' metrics into ``experiments/<paper>/results.csv`` (a re-run cell replaces its rows).
+``claims``: evaluate ``experiments/<paper>/claims.yaml`` over seeds (from the runs or ``--from experiments/``), print
+one verdict per claim with its interval, write ``claims.{md,json}``.
+``readme``: rewrite the README's generated blocks (``<!-- dpsyn:... -->``) from ``--from experiments/``.
+``reproduce --dry-run``: list the cells, how many are finished and the time the rest will take, and run nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
+import re
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -92,21 +101,39 @@ def experiment_cells(experiment: str, extra: list[str] | None = None, conf_dir: 
 
 
 def specs(only: list[str] | None = None) -> list[Path]:
-    paths = sorted(EXPERIMENTS_DIR.glob("*/*.yaml"))
+    """The table specs (``experiments/<paper>/<table>.yaml``; not ``claims.yaml``)."""
+    paths = sorted(p for p in EXPERIMENTS_DIR.glob("*/*.yaml") if p.name != "claims.yaml")
     if only:
         paths = [p for p in paths if p.stem in only or f"{p.parent.name}/{p.stem}" in only or p.parent.name in only]
     return paths
 
 
-def build_tables(spec_path: Path, profile: str, out_dir: Path, cells: list[CellRun] | None = None) -> list[Path]:
-    """Render one spec's tables (Markdown, LaTeX, CSV) and plots (privacy-utility per metric, sample mosaic)."""
+def runs_root() -> Path:
+    """Where the sweeps write (``paths.output_dir``/experiments; ``DPSYN_OUTPUT_DIR`` moves it)."""
+    return Path(os.environ.get("DPSYN_OUTPUT_DIR", "outputs")) / "experiments"
+
+
+def records_for(records: list[dict[str, Any]], experiment: str, profile: str) -> list[dict[str, Any]]:
+    """The records (results.csv rows grouped per run) of one experiment's profile."""
+    return [r for r in records if r.get("experiment") == experiment and r.get("profile") == profile]
+
+
+def build_tables(spec_path: Path, profile: str, out_dir: Path, cells: list[CellRun] | None = None,
+                 records: list[dict[str, Any]] | None = None) -> list[Path]:
+    """Render one spec's tables (Markdown, LaTeX, CSV) and plots (privacy-utility per metric, sample mosaic).
+
+    ``records``: build from results kept in the repo (:func:`dpsyn.results.export.load_records`) instead of the run
+    directories (no sample mosaic then: the samples are not kept)."""
     from dpsyn.results import plots, tables
     from dpsyn.results.io import atomic_write_text
 
     spec = tables.load_spec(spec_path)
     exp = experiment_for(spec.experiment, profile)
     cells = cells if cells is not None else experiment_cells(exp)
-    results = [r for c in cells if c.status == "done" for r in tables.scan_results(c.run_dir)]
+    if records is not None:
+        results = records_for(records, spec.experiment, profile)
+    else:
+        results = [r for c in cells if c.status == "done" for r in tables.scan_results(c.run_dir)]
     expected = []
     for c in cells:  # cells the sweep will make, so that missing ones show as such (when rows/columns are overrides)
         kv = dict(o.split("=", 1) for o in c.overrides)
@@ -136,10 +163,112 @@ def build_tables(spec_path: Path, profile: str, out_dir: Path, cells: list[CellR
         part if i == 0 else part.split("\n", 1)[1] for i, part in enumerate(csv_parts))))
     seed0 = {}
     for r in sorted(tables.select_runs(results, spec), key=lambda r: r.get("seed", 0)):
-        seed0.setdefault((str(tables._field(r, spec.rows)), tables._key(tables._field(r, spec.columns))), Path(r["run_dir"]))
-    if seed0 and plots.has_image_samples(seed0):  # tables: no sample mosaic
+        if "run_dir" in r:
+            seed0.setdefault((str(tables._field(r, spec.rows)), tables._key(tables._field(r, spec.columns))),
+                             Path(r["run_dir"]))
+    if records is None and seed0 and plots.has_image_samples(seed0):  # tables: no sample mosaic
         written.append(plots.sample_mosaic(seed0, out_dir / f"{stem}_samples.png", title=spec.title))
     return written
+
+
+def has_profile(spec_experiment: str, profile: str, conf_dir: Path = CONF_DIR) -> bool:
+    """Whether the experiment has a config for ``profile`` (``quick`` covers only the claims' experiments)."""
+    return (conf_dir / "experiment" / f"{experiment_for(spec_experiment, profile)}.yaml").is_file()
+
+
+def _cell_method(cell: CellRun, default: str) -> str:
+    for o in cell.overrides:
+        if o.startswith("method="):
+            return o.split("=", 1)[1]
+    return default
+
+
+def _run_seconds(run_dir: Path) -> float | None:
+    from dpsyn.results.io import read_json
+
+    try:
+        return float(read_json(run_dir / "result.json")["timings"]["total_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _fmt_duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{max(minutes, 1)} min"
+
+
+def dry_run(profile: str, only: list[str] | None, train_args: list[str], kept: list[dict[str, Any]] | None = None) -> float:
+    """Print each experiment's cells, how many are finished, and the time the others will take one at a time,
+    estimated from finished cells' own timings (same method in the same experiment, else the same method in any
+    kept result, else the experiment's median). Returns the estimated seconds (unknown cells count 0)."""
+    from dpsyn.results.tables import load_spec
+
+    kept = kept or []
+    total, unknown_total, seen = 0.0, 0, set()
+    for spec_path in specs(only):
+        spec = load_spec(spec_path)
+        if spec.experiment in seen:
+            continue
+        seen.add(spec.experiment)
+        if not has_profile(spec.experiment, profile):
+            print(f"[{spec.experiment}] no {profile} profile (conf/experiment/{experiment_for(spec.experiment, profile)}.yaml): skipped")
+            continue
+        exp = experiment_for(spec.experiment, profile)
+        cells = experiment_cells(exp, train_args)
+        default_method = _default_method(exp)
+        done = [c for c in cells if c.status == "done"]
+        timed: dict[str, list[float]] = {}
+        for c in done:
+            sec = _run_seconds(c.run_dir)
+            if sec is not None:
+                timed.setdefault(_cell_method(c, default_method), []).append(sec)
+        anywhere: dict[str, list[float]] = {}
+        for r in kept:
+            sec = (r.get("timings") or {}).get("total_s")
+            if isinstance(sec, float):
+                anywhere.setdefault(str(r.get("method")), []).append(sec)
+        all_timed = [x for v in timed.values() for x in v]
+        est, unknown = 0.0, 0
+        for c in cells:
+            if c.status == "done":
+                continue
+            m = _cell_method(c, default_method)
+            pool = timed.get(m) or anywhere.get(m) or all_timed
+            if pool:
+                est += statistics.median(pool)
+            else:
+                unknown += 1
+        todo = len(cells) - len(done)
+        line = f"[{spec.experiment}] {exp}: {len(cells)} cells, {len(done)} finished, {todo} to run"
+        if todo:
+            line += f", about {_fmt_duration(est)} one at a time" if est else ""
+            line += f" ({unknown} cells without a timing to go by)" if unknown else ""
+        print(line)
+        by_method: dict[str, list[CellRun]] = {}
+        for c in cells:
+            by_method.setdefault(_cell_method(c, default_method), []).append(c)
+        for m, cs in by_method.items():
+            n_done = sum(c.status == "done" for c in cs)
+            t = statistics.median(timed[m]) if m in timed else (statistics.median(anywhere[m]) if m in anywhere else None)
+            print(f"  {m}: {n_done}/{len(cs)} finished" + (f", {t / 60:.1f} min a cell" if t else ""))
+        total += est
+        unknown_total += unknown
+    print(f"estimated: {_fmt_duration(total) if total else 'nothing to run'} one cell at a time"
+          + (f", plus {unknown_total} cells without a timing" if unknown_total else "")
+          + "; divide by the launcher's parallel jobs (e.g. hydra/launcher=joblib)")
+    return total
+
+
+def _default_method(experiment: str) -> str:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return str(compose("train", overrides=[f"experiment={experiment}"]).method.name)
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def reproduce(profile: str, out_dir: Path, only: list[str] | None, launcher: str | None, train_args: list[str]) -> int:
@@ -149,6 +278,9 @@ def reproduce(profile: str, out_dir: Path, only: list[str] | None, launcher: str
         from dpsyn.results.tables import load_spec
 
         spec = load_spec(spec_path)
+        if not has_profile(spec.experiment, profile):
+            print(f"[{spec.name}] no {profile} profile for {spec.experiment}: skipped")
+            continue
         exp = experiment_for(spec.experiment, profile)
         cells = experiment_cells(exp, train_args)
         todo = [c for c in cells if c.status != "done"]
@@ -173,6 +305,77 @@ def reproduce(profile: str, out_dir: Path, only: list[str] | None, launcher: str
     return not_done
 
 
+def load_kept(source: Path | None) -> list[dict[str, Any]]:
+    """Records to build from: results kept in the repo (``source``, e.g. experiments/) or, when None, every
+    ``result.json`` under the sweeps' output folder."""
+    from dpsyn.results import export, tables
+
+    if source is not None:
+        if not any(source.glob(f"*/{export.RESULTS_FILE}")):
+            raise SystemExit(f"--from {source}: no */{export.RESULTS_FILE} there (write them with "
+                             "`python -m dpsyn.cli.tables export`)")
+        return export.load_records(source)
+    return tables.scan_results(runs_root()) if runs_root().is_dir() else []
+
+
+def evaluate_claims(records: list[dict[str, Any]], experiments_dir: Path = EXPERIMENTS_DIR) -> list[Any]:
+    from dpsyn.results.claims import claim_files, evaluate, load_claims
+
+    return [evaluate(c, records) for path in claim_files(experiments_dir) for c in load_claims(path)]
+
+
+def write_claims(verdicts: list[Any], out_dir: Path) -> list[Path]:
+    import json
+
+    from dpsyn.results.claims import render_markdown
+    from dpsyn.results.io import atomic_write_text
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [atomic_write_text(out_dir / "claims.md", render_markdown(verdicts)),
+            atomic_write_text(out_dir / "claims.json", json.dumps([v.to_dict() for v in verdicts], indent=1) + "\n")]
+
+
+def metric_table(spec_ref: str, profile: str, metric: str, records: list[dict[str, Any]]) -> str:
+    """One metric's table of one spec (``paper/stem``) as Markdown, from records (no missing-cell rows)."""
+    from dpsyn.results import tables
+
+    spec = tables.load_spec(EXPERIMENTS_DIR / f"{spec_ref}.yaml")
+    m = next((x for x in spec.metrics if x.name == metric), None)
+    if m is None:
+        raise ValueError(f"{spec_ref}: no metric {metric} (has: {', '.join(x.name for x in spec.metrics)})")
+    agg = tables.build_cells(records_for(records, spec.experiment, profile), spec, m)
+    header, body, notes = tables.table_rows(spec, m, agg)
+    return tables.render_markdown(header, body, notes, f"{spec.title} — {m.label or m.name} ({profile} profile)")
+
+
+README_BLOCK = re.compile(r"(<!-- dpsyn:(?P<what>[^>]*?) -->\n)(?P<body>.*?)(<!-- dpsyn:end -->)", re.S)
+
+
+def readme_blocks(text: str, records: list[dict[str, Any]]) -> str:
+    """``text`` with every generated block rebuilt: ``<!-- dpsyn:claims -->`` (the claims table) or
+    ``<!-- dpsyn:table <paper>/<spec> <profile> <metric> -->`` (one metric's table), each closed by
+    ``<!-- dpsyn:end -->``."""
+    verdicts: list[Any] | None = None
+
+    def build(m: re.Match) -> str:
+        nonlocal verdicts
+        what = m.group("what").split()
+        if what == ["claims"]:
+            if verdicts is None:
+                from dpsyn.results.claims import render_markdown
+
+                verdicts = evaluate_claims(records)
+            body = render_markdown(verdicts)
+        elif len(what) == 4 and what[0] == "table":
+            body = metric_table(what[1], what[2], what[3], records)
+        else:
+            raise ValueError(f"README block <!-- dpsyn:{m.group('what')} -->: unknown; use 'claims' or "
+                             "'table <paper>/<spec> <profile> <metric>'")
+        return m.group(1) + body + m.group(4)
+
+    return README_BLOCK.sub(build, text)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m dpsyn.cli.tables", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -184,15 +387,79 @@ def main(argv: list[str] | None = None) -> None:
                        "train overrides, since it takes every word that follows")
         if name == "reproduce":
             p.add_argument("--launcher", default=None, help="hydra/launcher for the sweeps (basic, joblib, submitit_slurm, ray)")
+            p.add_argument("--dry-run", action="store_true", help="list the cells, the finished ones and the time "
+                           "the others will take (from finished cells' timings); run nothing")
             p.add_argument("train_args", nargs="*", help="extra overrides passed to every run (e.g. trainer=debug)")
+        else:
+            p.add_argument("--from", dest="source", type=Path, default=None,
+                           help="build from the results kept in the repo (experiments/) instead of the runs")
+    p = sub.add_parser("export", help="write finished runs' metrics into experiments/<paper>/results.csv")
+    p.add_argument("--runs", type=Path, default=None, help="folder of the runs (default: $DPSYN_OUTPUT_DIR or "
+                   "outputs, /experiments)")
+    p.add_argument("--to", type=Path, default=EXPERIMENTS_DIR)
+    p = sub.add_parser("claims", help="evaluate experiments/*/claims.yaml over seeds")
+    p.add_argument("--from", dest="source", type=Path, default=None,
+                   help="evaluate from the results kept in the repo (experiments/) instead of the runs")
+    p.add_argument("--out", type=Path, default=Path("outputs/tables"))
+    p = sub.add_parser("readme", help="rewrite the README's generated blocks from the results kept in the repo")
+    p.add_argument("--from", dest="source", type=Path, default=EXPERIMENTS_DIR)
+    p.add_argument("--readme", type=Path, default=REPO_DIR / "README.md")
+    p.add_argument("--check", action="store_true", help="exit 1 if the README differs from what would be written")
     args = ap.parse_args(argv)
     if args.cmd == "reproduce":
+        if args.dry_run:
+            from dpsyn.results.export import load_records
+
+            dry_run(args.profile, args.only, args.train_args, load_records(EXPERIMENTS_DIR))
+            return
         not_done = reproduce(args.profile, args.out, args.only, args.launcher, args.train_args)
         print(f"tables and plots in {args.out}/" + (f"; {not_done} cells not done" if not_done else ""))
         sys.exit(1 if not_done else 0)
-    for spec_path in specs(args.only):
-        for path in build_tables(spec_path, args.profile, args.out):
+    if args.cmd == "export":
+        from dpsyn.results import export, tables
+
+        root = args.runs or runs_root()
+        results = tables.scan_results(root) if root.is_dir() else []
+        if not results:
+            raise SystemExit(f"no finished runs (result.json) under {root}")
+        for path, n in export.export(results, args.to).items():
+            print(f"{path}: {n} runs written ({len(export.read_rows(path))} rows in all)")
+        return
+    if args.cmd == "claims":
+        verdicts = evaluate_claims(load_kept(args.source))
+        from dpsyn.results.claims import render_markdown
+
+        print(render_markdown(verdicts))
+        for path in write_claims(verdicts, args.out):
             print(f"wrote {path}")
+        return
+    if args.cmd == "readme":
+        text = args.readme.read_text()
+        new = readme_blocks(text, load_kept(args.source))
+        if args.check:
+            if new != text:
+                print(f"{args.readme}: generated blocks differ from what {args.source} builds; run "
+                      "`python -m dpsyn.cli.tables readme`")
+                sys.exit(1)
+            print(f"{args.readme}: generated blocks match {args.source}")
+            return
+        from dpsyn.results.io import atomic_write_text
+
+        atomic_write_text(args.readme, new)
+        print(f"rewrote {len(README_BLOCK.findall(text))} generated blocks in {args.readme}")
+        return
+    records = load_kept(args.source) if args.source is not None else None
+    for spec_path in specs(args.only):
+        if records is None and not has_profile(load_spec_experiment(spec_path), args.profile):
+            continue
+        for path in build_tables(spec_path, args.profile, args.out, records=records):
+            print(f"wrote {path}")
+
+
+def load_spec_experiment(spec_path: Path) -> str:
+    from dpsyn.results.tables import load_spec
+
+    return load_spec(spec_path).experiment
 
 
 if __name__ == "__main__":

@@ -135,6 +135,8 @@ def _field(rec: dict[str, Any], name: str) -> Any:
         value = rec[name]
     elif name in rec.get("metrics", {}):
         value = rec["metrics"][name]
+    elif name in (rec.get("fields") or {}):  # a record read back from results.csv (dpsyn.results.export)
+        value = rec["fields"][name]
     else:
         value = rec
         for part in name.split("."):

@@ -1,0 +1,220 @@
+"""Results kept in the repo: finished runs' measured metrics as long rows in ``experiments/<paper>/results.csv``.
+
+``outputs/`` does not survive a new machine; these files do. One row per (run, metric): the run's coordinates
+(experiment, profile, method, dataset, eps, seed), a hash of the overrides that are not coordinates (so that variant
+runs, ``method.conditional=true`` or ``f0=0.05``, never collide with the plain cell), the metric and its value, what
+was spent under which accountant (with the PATE bound and the sampling scheme), the code's git sha, the date the run
+finished and its wall time. No samples. ``fields`` keeps, as JSON, the result fields the table specs group by
+(``sample_provenance.variant``, ``sample_provenance.owners``...), so that every table can be rebuilt from these rows
+alone (:func:`load_records` gives back result-like records that :mod:`dpsyn.results.tables` reads as it reads
+``result.json``).
+
+Exporting again replaces a run's rows (same experiment, profile, method, dataset, eps, seed and overrides hash) and
+keeps every other row: new runs append, a re-run cell replaces its row.
+No torch import here.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import hashlib
+import io
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from dpsyn.results.io import atomic_write_text
+
+RESULTS_FILE = "results.csv"
+COLUMNS = ("experiment", "profile", "method", "dataset", "eps", "seed", "overrides_hash", "overrides", "metric",
+           "value", "epsilon_spent", "accountant", "git_sha", "date", "run_s", "fields")
+RUN_KEY = ("experiment", "profile", "method", "dataset", "eps", "seed", "overrides_hash")
+# Overrides that are coordinates (own columns) or that do not change what a run computes (where it writes, how it
+# logs, whether a finished cell is skipped): left out of the hash.
+# (``method.lr=...`` is a variant: only the group choice ``method=...`` is a coordinate.)
+_NOT_HASHED = ("experiment", "method", "dataset", "eps", "seed", "skip_existing", "trainer.progress_bar")
+_NOT_HASHED_TREES = ("logger", "paths", "hydra", "wandb")
+
+
+def kept_overrides(overrides: Iterable[str]) -> list[str]:
+    """The overrides that make a run a variant of its cell (sorted): everything but coordinates and plumbing."""
+    out = []
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key in _NOT_HASHED or any(key == k or key.startswith((k + ".", k + "/")) for k in _NOT_HASHED_TREES):
+            continue
+        out.append(o)
+    return sorted(out)
+
+
+def overrides_hash(overrides: Iterable[str]) -> str:
+    """12 hex digits of sha256 over the kept overrides; ``"base"`` when there are none (the plain cell)."""
+    kept = kept_overrides(overrides)
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:12] if kept else "base"
+
+
+def paper_of(experiment: str, spec_paths: Iterable[Path]) -> str:
+    """The ``experiments/<paper>`` folder of an experiment: the folder of a table spec that names it, else the name's
+    first part (``wu2023_table1`` -> ``wu2023``)."""
+    from omegaconf import OmegaConf
+
+    for p in spec_paths:
+        exp = OmegaConf.load(p).get("experiment")
+        if exp == experiment:
+            return p.parent.name
+    return experiment.split("_", 1)[0]
+
+
+def referenced_fields(spec_paths: Iterable[Path]) -> list[str]:
+    """Result fields the table specs group or select by that are not columns of results.csv (kept in ``fields``)."""
+    from omegaconf import OmegaConf
+
+    names: set[str] = set()
+    for p in spec_paths:
+        raw = OmegaConf.to_container(OmegaConf.load(p), resolve=True)
+        if "rows" not in raw:  # claims.yaml and other non-table files
+            continue
+        names.update([raw["rows"], raw["columns"], *(raw.get("select") or {})])
+        for fig in raw.get("figures") or []:
+            names.update(str(fig[k]) for k in ("x", "y", "by") if fig.get(k))
+            names.update(fig.get("select") or {})
+    return sorted(n for n in names if n not in COLUMNS)
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+def rows_of(rec: dict[str, Any], fields: Iterable[str] = ()) -> list[dict[str, str]]:
+    """The rows of one finished run (``result.json`` as a dict): one per numeric metric."""
+    from dpsyn.results.tables import _field
+
+    overrides = list(rec.get("overrides") or [])
+    run_dir = rec.get("run_dir")
+    date = ""
+    if run_dir and (Path(run_dir) / "result.json").is_file():
+        mtime = (Path(run_dir) / "result.json").stat().st_mtime
+        date = dt.datetime.fromtimestamp(mtime, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    extra = {}
+    for name in fields:
+        v = _field(rec, name)
+        if v is not None:
+            extra[name] = v
+    base = {
+        "experiment": str(rec.get("experiment") or ""),
+        "profile": str(rec.get("profile") or ""),
+        "method": str(rec.get("method", "")),
+        "dataset": str(rec.get("dataset", "")),
+        "eps": _num(rec.get("eps")),
+        "seed": str(rec.get("seed", "")),
+        "overrides_hash": overrides_hash(overrides),
+        "overrides": " ".join(kept_overrides(overrides)),
+        "epsilon_spent": _num(rec.get("epsilon_spent")),
+        "accountant": str(rec.get("accountant") or ""),
+        "git_sha": str(rec.get("git_sha") or ""),
+        "date": date,
+        "run_s": _num(round(float((rec.get("timings") or {}).get("total_s", float("nan"))), 1))
+        if (rec.get("timings") or {}).get("total_s") is not None else "",
+        "fields": json.dumps(extra, sort_keys=True) if extra else "",
+    }
+    out = []
+    for metric, value in sorted((rec.get("metrics") or {}).items()):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            continue
+        out.append({**base, "metric": metric, "value": _num(float(value))})
+    return out
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    missing = set(COLUMNS) - set(rows[0] if rows else COLUMNS)
+    if missing:
+        raise ValueError(f"{path}: not a dpsyn results file (missing columns: {', '.join(sorted(missing))})")
+    return rows
+
+
+def _sort_key(row: dict[str, str]) -> tuple:
+    def f(v: str) -> tuple:
+        try:
+            return (0, float(v), "")
+        except ValueError:
+            return (1, 0.0, v)
+
+    return tuple(f(row[k]) for k in (*RUN_KEY, "metric"))
+
+
+def write_rows(path: Path, rows: list[dict[str, str]]) -> Path:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in sorted(rows, key=_sort_key):
+        w.writerow({k: r.get(k, "") for k in COLUMNS})
+    return atomic_write_text(path, buf.getvalue())
+
+
+def merge(existing: list[dict[str, str]], new: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``existing`` with every run of ``new`` replaced (all its metric rows) or appended."""
+    replaced = {tuple(r[k] for k in RUN_KEY) for r in new}
+    return [r for r in existing if tuple(r[k] for k in RUN_KEY) not in replaced] + list(new)
+
+
+def export(results: Iterable[dict[str, Any]], experiments_dir: Path) -> dict[Path, int]:
+    """Write the runs' rows into ``experiments_dir/<paper>/results.csv``; returns {file: runs exported}."""
+    spec_paths = sorted(experiments_dir.glob("*/*.yaml"))
+    by_paper: dict[str, list[dict[str, Any]]] = {}
+    for rec in results:
+        if not rec.get("experiment"):  # a single run outside any table's sweep: no table reads it
+            continue
+        by_paper.setdefault(paper_of(str(rec["experiment"]), spec_paths), []).append(rec)
+    written = {}
+    for paper, recs in sorted(by_paper.items()):
+        fields = referenced_fields(sorted((experiments_dir / paper).glob("*.yaml")))
+        new = [row for rec in recs for row in rows_of(rec, fields)]
+        path = experiments_dir / paper / RESULTS_FILE
+        write_rows(path, merge(read_rows(path), new))
+        written[path] = len(recs)
+    return written
+
+
+def _value(v: str) -> Any:
+    if v == "":
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def load_records(experiments_dir: Path) -> list[dict[str, Any]]:
+    """Result-like records (one per run) from every ``experiments_dir/*/results.csv``: what the table builder and
+    the claims read in place of ``result.json`` files."""
+    records: dict[tuple, dict[str, Any]] = {}
+    for path in sorted(experiments_dir.glob(f"*/{RESULTS_FILE}")):
+        for row in read_rows(path):
+            key = tuple(row[k] for k in RUN_KEY)
+            rec = records.get(key)
+            if rec is None:
+                seed = _value(row["seed"])
+                rec = records[key] = {
+                    "experiment": row["experiment"], "profile": row["profile"], "method": row["method"],
+                    "dataset": row["dataset"], "eps": _value(row["eps"]),
+                    "seed": int(seed) if isinstance(seed, float) else seed,
+                    "overrides": row["overrides"].split() if row["overrides"] else [],
+                    "overrides_hash": row["overrides_hash"], "epsilon_spent": _value(row["epsilon_spent"]),
+                    "accountant": row["accountant"], "git_sha": row["git_sha"], "date": row["date"],
+                    "timings": {"total_s": _value(row["run_s"])} if row["run_s"] else {},
+                    "fields": json.loads(row["fields"]) if row["fields"] else {},
+                    "metrics": {}, "source": str(path),
+                }
+            rec["metrics"][row["metric"]] = _value(row["value"])
+    return list(records.values())

@@ -1,0 +1,112 @@
+"""Results kept in the repo: export of finished runs to results.csv, re-export replaces, tables rebuilt from it,
+the README's generated blocks, the reproduce dry run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dpsyn.cli import tables as cli_tables
+from dpsyn.paths import REPO_DIR
+from dpsyn.results import export, tables
+from dpsyn.results.io import atomic_write_json
+
+EXPERIMENTS = REPO_DIR / "experiments"
+
+
+def _run(root: Path, method: str, seed: int, acc: float, *, experiment: str = "rajotte2020_grid", owners=(0.05, 0.5),
+         overrides: tuple[str, ...] = (), total_s: float = 60.0) -> dict:
+    run = root / experiment / method / f"{owners[0]}_{owners[1]}" / f"seed{seed}{'_'.join(overrides)}"
+    rec = {"method": method, "dataset": "digits", "eps": float("inf"), "seed": seed, "experiment": experiment,
+           "profile": "quick", "epsilon_spent": float("inf"), "accountant": "non-private",
+           "metrics": {"acc": acc, "acc_owner0": acc / 2, "mia_wb_acc_max": 0.3, "broken": float("nan")},
+           "sample_provenance": {"owners": list(owners)}, "timings": {"total_s": total_s}, "git_sha": "abc",
+           "overrides": [f"experiment={experiment}_quick", "skip_existing=true", "paths.output_dir=/x",
+                         f"method={method}", f"f0={owners[0]}", f"f1={owners[1]}", "seed=%d" % seed, *overrides]}
+    atomic_write_json(run / "result.json", rec)
+    return rec
+
+
+def test_export_writes_long_rows_and_a_rerun_replaces_its_rows(tmp_path: Path) -> None:
+    runs, out = tmp_path / "runs", tmp_path / "experiments"
+    (out / "rajotte2020").mkdir(parents=True)
+    (out / "rajotte2020" / "grid.yaml").write_text((EXPERIMENTS / "rajotte2020" / "grid_digits.yaml").read_text())
+    _run(runs, "privgan", 0, 0.6)
+    _run(runs, "gan", 0, 0.4)
+    _run(runs, "privgan", 0, 0.7, overrides=("method.epochs=5",))  # a variant: its own hash, its own rows
+    export.export(tables.scan_results(runs), out)
+    rows = export.read_rows(out / "rajotte2020" / "results.csv")
+    assert len(rows) == 3 * 3  # NaN metrics are not rows
+    variant = {r["overrides_hash"] for r in rows if r["overrides"] == "f0=0.05 f1=0.5 method.epochs=5"}
+    plain = {r["overrides_hash"] for r in rows if r["overrides"] == "f0=0.05 f1=0.5"}
+    assert len(variant) == len(plain) == 1 and variant != plain  # plumbing (paths, skip_existing) is not hashed
+    assert all(r["accountant"] == "non-private" and r["eps"] == "inf" and r["git_sha"] == "abc" and r["date"] for r in rows)
+    # re-run one cell: its rows are replaced, the others kept
+    _run(runs, "gan", 0, 0.45)
+    export.export(tables.scan_results(runs), out)
+    rows2 = export.read_rows(out / "rajotte2020" / "results.csv")
+    assert len(rows2) == len(rows)
+    assert [r["value"] for r in rows2 if r["method"] == "gan" and r["metric"] == "acc"] == ["0.45"]
+    # a new seed appends
+    _run(runs, "gan", 1, 0.5)
+    export.export([tables.scan_results(runs)[0]] + [r for r in tables.scan_results(runs) if r["seed"] == 1], out)
+    assert len(export.read_rows(out / "rajotte2020" / "results.csv")) == len(rows) + 3
+
+
+def test_a_table_rebuilt_from_results_csv_equals_the_one_from_the_runs(tmp_path: Path) -> None:
+    runs, out = tmp_path / "runs", tmp_path / "experiments"
+    (out / "rajotte2020").mkdir(parents=True)
+    spec_path = out / "rajotte2020" / "grid_digits.yaml"
+    spec_path.write_text((EXPERIMENTS / "rajotte2020" / "grid_digits.yaml").read_text())
+    for seed in range(3):
+        for owners in ((0.05, 0.5), (0.5, 0.5)):
+            _run(runs, "privgan", seed, 0.5 + 0.01 * seed + owners[0] / 10, owners=owners)
+            _run(runs, "gan", seed, 0.3 + 0.02 * seed, owners=owners)
+    from_runs = tables.scan_results(runs)
+    export.export(from_runs, out)
+    kept = export.load_records(out)
+    spec = tables.load_spec(spec_path)  # rows: sample_provenance.owners (kept in the fields column)
+    for metric in spec.metrics[:2]:
+        a = tables.build_cells(from_runs, spec, metric)
+        b = tables.build_cells(kept, spec, metric)
+        assert a and a.keys() == b.keys()
+        for k in a:
+            assert (a[k].mean, a[k].n) == pytest.approx((b[k].mean, b[k].n))
+        assert tables.render_markdown(*tables.table_rows(spec, metric, a), "t") == \
+            tables.render_markdown(*tables.table_rows(spec, metric, b), "t")
+
+
+def test_readme_generated_blocks_match_what_experiments_builds() -> None:
+    readme = (REPO_DIR / "README.md").read_text()
+    assert "<!-- dpsyn:claims -->" in readme and "<!-- dpsyn:table " in readme
+    rebuilt = cli_tables.readme_blocks(readme, export.load_records(EXPERIMENTS))
+    assert rebuilt == readme, "README's generated blocks are stale: run `python -m dpsyn.cli.tables readme`"
+
+
+def test_readme_blocks_are_rewritten_from_records() -> None:
+    text = "a\n<!-- dpsyn:table rajotte2020/grid_digits quick acc -->\nold\n<!-- dpsyn:end -->\nb\n"
+    recs = [{"experiment": "rajotte2020_grid", "profile": "quick", "method": "gan", "seed": 0,
+             "fields": {"sample_provenance.owners": "0.5/0.5", "dataset": "digits"}, "dataset": "digits",
+             "metrics": {"acc": 0.25}}]
+    new = cli_tables.readme_blocks(text, recs)
+    assert "old" not in new and "0.250 (n=1)" in new and new.startswith("a\n") and new.endswith("<!-- dpsyn:end -->\nb\n")
+    with pytest.raises(ValueError, match="unknown"):
+        cli_tables.readme_blocks("<!-- dpsyn:nonsense -->\nx\n<!-- dpsyn:end -->\n", recs)
+
+
+def test_dry_run_counts_finished_cells_and_estimates_from_their_timings(tmp_path: Path, monkeypatch,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("DPSYN_OUTPUT_DIR", str(tmp_path))
+    cells = cli_tables.experiment_cells("rajotte2020_grid_quick")
+    assert len(cells) == 12 and all(str(c.run_dir).startswith(str(tmp_path)) for c in cells)
+    for c, sec in zip([c for c in cells if "method=gan" in c.overrides][:2], (600.0, 1200.0)):
+        atomic_write_json(c.run_dir / "result.json", {"method": "gan", "timings": {"total_s": sec}})
+    total = cli_tables.dry_run("quick", ["rajotte2020/grid_digits"], [])
+    out = capsys.readouterr().out
+    assert "12 cells, 2 finished, 10 to run" in out
+    # 4 gan cells left at the gan median (900 s); 6 privgan cells: no privgan timing, so the experiment's median
+    assert total == pytest.approx(10 * 900.0)
+    assert "gan: 2/6 finished, 15.0 min a cell" in out
+    assert os.environ["DPSYN_OUTPUT_DIR"] == str(tmp_path)
