@@ -42,8 +42,15 @@ bench:
 	$(BIN)/python benchmarks/pe_histogram.py
 	$(BIN)/python benchmarks/teachers.py
 
+# PROFILE=embedded|quick|paper; DRY=1 lists the cells, the finished ones and the time the rest will take, runs nothing.
+# After the sweeps: the runs' metrics go to experiments/<paper>/results.csv (kept in the repo), then the claims.
 reproduce-tables:
-	$(BIN)/python -m dpsyn.cli.tables reproduce --profile $(PROFILE) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(ONLY),--only $(ONLY))
+ifdef DRY
+	$(BIN)/python -m dpsyn.cli.tables reproduce --dry-run --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
+else
+	$(BIN)/python -m dpsyn.cli.tables reproduce --profile $(PROFILE) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(ONLY),--only $(ONLY)); \
+	rc=$$?; $(BIN)/python -m dpsyn.cli.tables export && $(BIN)/python -m dpsyn.cli.tables claims; exit $$rc
+endif
 
 clean:
 	rm -rf outputs .pytest_cache
