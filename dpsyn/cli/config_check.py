@@ -95,7 +95,10 @@ def _values(override: Any) -> list[Any]:
     if override.is_sweep_override():
         if override.is_discrete_sweep():
             return list(override.sweep_iterator())
-        raise ConfigError(f"{override.key_or_group}: range/interval sweeps are not supported here; list the values")
+        # an interval (a search space: hydra/sweeper=optuna draws from it): both ends are checked; a rule that
+        # holds at both ends of a range holds inside it for every rule the schemas declare (bounds, not gaps)
+        sweep = override.value()
+        return [sweep.start, sweep.end]
     return [override.value()]
 
 

@@ -94,6 +94,8 @@ def fit_fingerprint(cfg: DictConfig, delta: float) -> dict[str, Any]:
     return json.loads(json.dumps({
         "method": node("method"), "dataset": node("dataset"), "eps": float(cfg.eps), "delta": float(delta),
         "seed": int(cfg.seed), "privacy": node("privacy"), "trainer": node("trainer"), "public": node("public"),
+        # a tuning run fits on the private rows left after the validation split: another fit
+        **({"metrics_split": "validation"} if cfg.metrics.get("split") == "validation" else {}),
     }, sort_keys=True, default=str))
 
 
@@ -155,6 +157,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     method_cls = METHODS.get(cfg.method.name)
     # the dataset's yaml names its public split; it is read only for a method that uses public data
     data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir, public=method_cls.needs_public)
+    if cfg.metrics.split == "validation":  # tuning: every metric (and PE's monitor) reads rows carved from private
+        from dpsyn.data import carve_validation
+
+        data = carve_validation(data, float(cfg.dataset.validation_size), int(cfg.dataset.split_seed))
+        log.info("metrics.split=validation: %d private rows held out and scored against; the eval split is not read",
+                 len(data.eval))
     eps = float(cfg.eps)
     delta = check_delta(cfg.privacy.delta, n_private=len(data.private))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -226,6 +234,10 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         metrics, metric_s, metric_info = evaluate(
             samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir, seed=int(cfg.seed), load_family=_family_loader(cfg)
         )
+        tuning = tuning_release(cfg, ledger)
+        if tuning:
+            ledger.save(run_dir / "privacy.json")
+            spent = ledger.epsilon(delta)
         extra, extra_info = method.report()  # facts of the fitted method: it never gets the data
         metrics.update(extra)
         metric_info.update(extra_info)
@@ -261,6 +273,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "sample_provenance": samples.provenance,
             "data": data.info,
             "fit_restored": fitted is not None,
+            "metrics_split": data.eval_split,
+            **({"tuning": tuning} if tuning else {}),
             "timings": {"fit_s": fit_s, "sample_s": sample_s, **{f"metric_{k}_s": v for k, v in metric_s.items()}},
             "git_sha": _git_sha(),
             "versions": _versions(),
@@ -277,6 +291,28 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             import wandb
 
             wandb.finish()
+
+
+def tuning_release(cfg: DictConfig, ledger: Any) -> dict[str, Any] | None:
+    """Record what tuning releases, as non-private ledger events (the ledger's epsilon becomes inf).
+
+    A trial of a tuning sweep (``tuning.objective`` set) hands its validation score to the sweeper, which chooses the
+    next trial's settings from it: a release of private data without DP. A run whose settings were chosen that way
+    (``tuning.tuned_on``, set by ``python -m dpsyn.cli.tune final``) depends on those scores: its output is not
+    covered by its own epsilon either. (Private tuning, Papernot & Steinke 2022, would charge a DP score per trial
+    and a random number of trials instead; not built yet.)
+    """
+    from dpsyn.privacy import NonPrivateEvent
+
+    t = cfg.get("tuning")
+    if t is None or (t.get("objective") is None and t.get("tuned_on") is None):
+        return None
+    if cfg.metrics.get("split") == "validation" and t.get("objective") is not None:
+        ledger.add(NonPrivateEvent(label=f"tuning trial: validation {t.objective} released to the sweeper (non-private)"))
+        return {"role": "trial", "objective": str(t.objective), "split": "validation"}
+    ledger.add(NonPrivateEvent(label=f"settings chosen on {t.get('trials')} trials' validation scores of "
+                                     f"{t.tuned_on} (non-private tuning)"))
+    return {"role": "final", "tuned_on": str(t.tuned_on), "trials": t.get("trials")}
 
 
 def _task_overrides() -> list[str]:
@@ -356,6 +392,10 @@ def format_summary(result: dict[str, Any]) -> str:
         lines.append("  privacy : not differentially private (epsilon spent = inf): a reference, not a DP result")
     elif math.isinf(eps_t):
         lines.append("  privacy : non-private run (eps=inf, no noise)")
+    elif "tuning" in result:
+        lines.append(f"  privacy : epsilon spent inf: the run spent its target {eps_t:g}, then non-private tuning "
+                     + ("released its validation score" if result["tuning"]["role"] == "trial"
+                        else "chose its settings") + " (see privacy.json)")
     else:
         lines.append(f"  privacy : epsilon spent {spent:.4f} <= target {eps_t:g} at delta {result['delta']:g}")
         lines.append(f"  accountant: {result['accountant']}")
@@ -402,6 +442,12 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         raise
     (run_dir / "error.txt").unlink(missing_ok=True)
     print(format_summary(result))
+    objective = cfg.get("tuning", {}).get("objective") if cfg.metrics.split == "validation" else None
+    if objective is not None:  # a tuning trial: the sweeper (hydra/sweeper=optuna) reads this value
+        if objective not in result["metrics"]:
+            raise ConfigError(f"tuning.objective={objective}: not a metric of this run (has: "
+                              f"{', '.join(sorted(result['metrics']))})")
+        return float(result["metrics"][objective])
     return result["metrics"].get("acc")
 
 

@@ -412,11 +412,17 @@ class DatasetSchema:
     split_seed: int = f(0, **NON_NEGATIVE)
     n_private: Optional[int] = f(None, **POSITIVE)
     download: bool = False
+    # rows of the private split held out for tuning (metrics.split=validation): a fraction (< 1) or a count;
+    # carved only in such runs, so ordinary runs keep their data (dpsyn.data.carve_validation)
+    validation_size: float = f(0.1, gt=0)
 
     def check(self, node: Any, root: Any = None) -> None:
         if node.kind == "image" and (node.resolution is None or node.channels is None):
             raise SchemaError("resolution" if node.resolution is None else "channels", None,
                               "an image dataset needs a resolution and a channel count")
+        v = node.validation_size
+        if v >= 1 and float(v) != int(v):
+            raise SchemaError("validation_size", v, "a count of rows (>= 1) must be an integer; a fraction is < 1")
 
 
 @dataclass
@@ -535,6 +541,9 @@ class MetricNamesSchema:
 @dataclass
 class MetricsSchema:
     names: MetricNamesSchema = field(default_factory=MetricNamesSchema)
+    # what every metric scores against: eval (the sealed test split) | validation (carved from the private split;
+    # tuning runs: the test split is then not read at all)
+    split: str = f("eval", choices=("eval", "validation"))
     n_samples: int = f(10000, **POSITIVE)
     extractor: str = f("evalnet", choices=("evalnet", "inception", "clip"))
     n_real: int = f(10000, **POSITIVE)

@@ -44,7 +44,8 @@ class DataBundle:
         kind: ``"image"`` or ``"table"``.
         private: the sensitive data a method may only touch through a DP mechanism.
         eval: held-out real data for metrics only (the test split, restricted to the private classes); never used
-            for training or model selection.
+            for training or model selection. In a tuning run (``metrics.split=validation``) it is the validation
+            split carved from ``private`` instead (:func:`dpsyn.data.carve_validation`; ``eval_split`` says which).
         public: data a method may use freely, or None.
         classes: class names in label order.
         family: which evaluation network / feature space applies (``fmnist`` for every ``fmnist*``).
@@ -62,6 +63,7 @@ class DataBundle:
     public: Split | None = None
     info: dict = field(default_factory=dict)
     public_classes: list[str] | None = None
+    eval_split: str = "eval"  # what ``eval`` holds: the test split, or "validation" (carved from private, tuning)
 
     @property
     def num_classes(self) -> int:
@@ -71,3 +73,31 @@ class DataBundle:
     def shape(self) -> tuple[int, ...]:
         """Shape of one example: (C, H, W) or (D,)."""
         return tuple(self.private.x.shape[1:])
+
+
+def carve_validation(bundle: DataBundle, size: float, split_seed: int) -> DataBundle:
+    """The bundle with a validation split carved from its private rows, in place of the evaluation split.
+
+    For tuning (``metrics.split=validation``): ``size`` rows (a fraction of the private rows when < 1, else a count)
+    leave ``private`` (the method never sees them) and become ``eval``, which every metric reads; the real
+    evaluation split is dropped from the bundle, so nothing in the run can read it. The rows are drawn with
+    ``split_seed`` (fixed per dataset, not the run seed): every trial of a sweep is scored on the same rows.
+    Disjoint from the public split and the test split by construction (it is part of the private split).
+    """
+    n = len(bundle.private)
+    k = int(round(size * n)) if size < 1 else int(size)
+    if not 1 <= k < n:
+        raise ValueError(f"dataset.validation_size={size}: {k} of {n} private rows; needs 1 <= rows < {n}")
+    rng = np.random.default_rng([int(split_seed), 0x7A11D])  # its own stream: not the private/eval split's draws
+    perm = rng.permutation(n)
+    val, rest = np.sort(perm[:k]), np.sort(perm[k:])
+
+    def take(split: Split, idx: np.ndarray) -> Split:
+        return Split(split.x[idx], split.y[idx], None if split.index is None else split.index[idx])
+
+    info = {**bundle.info, "validation": {"rows": k, "of_private": n, "split_seed": int(split_seed),
+                                          "carved_from": "private", "eval_split": "dropped (not read by this run)"}}
+    return DataBundle(name=bundle.name, kind=bundle.kind, private=take(bundle.private, rest),
+                      eval=take(bundle.private, val), classes=bundle.classes, family=bundle.family,
+                      public=bundle.public, info=info, public_classes=bundle.public_classes,
+                      eval_split="validation")

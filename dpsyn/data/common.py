@@ -39,7 +39,8 @@ DATASETS: Registry[DatasetLoader] = Registry("dataset")
 ``dpsyn/data/__init__.py``."""
 
 COMMON_KEYS: frozenset[str] = frozenset(
-    {"name", "kind", "family", "resolution", "channels", "public", "classes", "split_seed", "n_private", "download"}
+    {"name", "kind", "family", "resolution", "channels", "public", "classes", "split_seed", "n_private", "download",
+     "validation_size"}  # validation_size: read by dpsyn.data.carve_validation (tuning runs), not by the loaders
 )
 """Keys every ``conf/dataset/*.yaml`` may have; loaders declare any extra ones they accept."""
 

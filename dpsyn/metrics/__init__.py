@@ -65,7 +65,7 @@ def _features(env: dict[str, Any], data: DataBundle, cfg: Any, which: str, layer
         return env["feats"]["samples"][layer]
     if ("real", layer) not in env["feats"]:
         env["feats"][("real", layer)] = cached_features(
-            ext, _real_reference(env, data, cfg), key=f"{data.name}-eval", cache_dir=env["cache_dir"], layer=layer
+            ext, _real_reference(env, data, cfg), key=f"{data.name}-{data.eval_split}", cache_dir=env["cache_dir"], layer=layer
         )
     return env["feats"][("real", layer)]
 
@@ -82,7 +82,7 @@ def _real_reference(env: dict[str, Any], data: DataBundle, cfg: Any) -> np.ndarr
 def _fidelity_info(env: dict[str, Any], data: DataBundle, cfg: Any, **extra: Any) -> dict[str, Any]:
     ext = _extractor(env, data, cfg)
     return {"extractor": ext.name, "extractor_identity": ext.identity, "n_generated": len(env["samples"]),
-            "n_real": min(int(cfg.n_real), len(data.eval)), "reference": f"{data.name} eval split", **extra}
+            "n_real": min(int(cfg.n_real), len(data.eval)), "reference": f"{data.name} {data.eval_split} split", **extra}
 
 
 @METRICS.register("fd")
@@ -96,7 +96,9 @@ def _fd(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tuple[
     name = "fid" if ext.name == "inception" else f"fd{_suffix(ext)}"
     value = frechet_distance_from_features(_features(env, data, cfg, "samples"), _features(env, data, cfg, "real"))
     values = {name: value}
-    if hasattr(ext, "record"):
+    if hasattr(ext, "record") and data.eval_split == "eval":
+        # the instrument's own test accuracy (measured once, when it was built and cached); a tuning run
+        # (metrics.split=validation) reports no test-split number at all
         values[f"{ext.name}_test_acc"] = ext.record["test_acc"]
     return values, {name: _fidelity_info(env, data, cfg)}
 
@@ -190,7 +192,7 @@ def _acc(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tuple
     values = {"acc": out["acc"], "acc_synthetic_val": out["acc_synthetic_val"], "acc_best_epoch": out["best_epoch"]}
     info = {"classifier": out["classifier"], "ensemble": out["ensemble"], "n_train": out["n_train"],
             "n_val_synthetic": out["n_val"], "n_test": out["n_test"], "best_epochs": out["best_epochs"],
-            "selection": "held-out synthetic split", "reference": f"{data.name} eval split (sealed, read once)"}
+            "selection": "held-out synthetic split", "reference": f"{data.name} {data.eval_split} split (sealed, read once)"}
     return values, {"acc": info}
 
 
@@ -205,7 +207,7 @@ def _auroc(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tup
                         classifiers=list(cfg.tabular.classifiers), classes=list(range(data.num_classes)))
     values = {k: v for k, v in out.items() if k.startswith(("auroc", "auprc"))}
     info = {"classifiers": out["classifiers"], "n_train": out["n_train"], "n_test": out["n_test"],
-            "reference": f"{data.name} eval split (sealed, read once)"}
+            "reference": f"{data.name} {data.eval_split} split (sealed, read once)"}
     return values, {k: info for k in values}
 
 
@@ -228,7 +230,7 @@ def _mia_bb(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tu
     out = env["sealed_eval"].evaluate_once(attack, lambda _y, r: r, reader="metrics.mia_bb")
     values = {f"mia_bb_{k}": out[k] for k in ("auc", "eps_lb")}
     info = {"n_members": n, "n_non_members": n, "n_synthetic": len(samples), "confidence": float(m.confidence),
-            "space": "pixels" if data.kind == "image" else "rows", "non_members": f"{data.name} eval split",
+            "space": "pixels" if data.kind == "image" else "rows", "non_members": f"{data.name} {data.eval_split} split",
             **{k: out[k] for k in ("tpr", "fpr", "tpr_lo", "fpr_hi", "threshold") if k in out}}
     return values, {k: info for k in values}
 
@@ -294,7 +296,8 @@ def evaluate(
     readers = [n for n in names if n in SEALED_READERS]
     env: dict[str, Any] = {
         "cache_dir": cache_dir, "seed": seed, "load_family": load_family, "samples": samples, "feats": {},
-        "sealed_eval": SealedSplit(data.eval.x, data.eval.y, name=f"{data.name}/eval", max_reads=max(1, len(readers))),
+        "sealed_eval": SealedSplit(data.eval.x, data.eval.y, name=f"{data.name}/{data.eval_split}",
+                                   max_reads=max(1, len(readers))),
     }
     values: dict[str, Any] = {}
     infos: dict[str, Any] = {}
@@ -306,5 +309,5 @@ def evaluate(
         infos.update(info)
         timings[name] = time.perf_counter() - t0
         log.info("metric %s done in %.1fs", name, timings[name])
-    infos["eval_reads"] = [{k: r[k] for k in ("reader", "n") if k in r} for r in env["sealed_eval"].reads]
+    infos[f"{data.eval_split}_reads"] = [{k: r[k] for k in ("reader", "n") if k in r} for r in env["sealed_eval"].reads]
     return values, timings, infos
