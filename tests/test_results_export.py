@@ -36,7 +36,9 @@ def test_export_writes_long_rows_and_a_rerun_replaces_its_rows(tmp_path: Path) -
     _run(runs, "privgan", 0, 0.6)
     _run(runs, "gan", 0, 0.4)
     _run(runs, "privgan", 0, 0.7, overrides=("method.epochs=5",))  # a variant: its own hash, its own rows
-    export.export(tables.scan_results(runs), out)
+    _run(runs, "gan", 0, 0.9, experiment="tune_gan_digits_eps1.0")  # a tuning trial: no table or claim reads it
+    written = export.export(tables.scan_results(runs), out)
+    assert list(written) == [out / "rajotte2020" / "results.csv"] and not (out / "tune_gan").exists()
     rows = export.read_rows(out / "rajotte2020" / "results.csv")
     assert len(rows) == 3 * 3  # NaN metrics are not rows
     variant = {r["overrides_hash"] for r in rows if r["overrides"] == "f0=0.05 f1=0.5 method.epochs=5"}

@@ -56,16 +56,20 @@ def overrides_hash(overrides: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:12] if kept else "base"
 
 
-def paper_of(experiment: str, spec_paths: Iterable[Path]) -> str:
-    """The ``experiments/<paper>`` folder of an experiment: the folder of a table spec that names it, else the name's
-    first part (``wu2023_table1`` -> ``wu2023``)."""
+def experiment_papers(spec_paths: Iterable[Path]) -> dict[str, str]:
+    """{experiment: its ``experiments/<paper>`` folder} for every experiment a table spec or a claim names."""
     from omegaconf import OmegaConf
 
+    out: dict[str, str] = {}
     for p in spec_paths:
-        exp = OmegaConf.load(p).get("experiment")
-        if exp == experiment:
-            return p.parent.name
-    return experiment.split("_", 1)[0]
+        raw = OmegaConf.to_container(OmegaConf.load(p), resolve=False)
+        if raw.get("experiment"):
+            out.setdefault(str(raw["experiment"]), p.parent.name)
+        for c in raw.get("claims") or []:
+            for side in (c.get("a") or {}, c.get("b") or {}):
+                if side.get("experiment"):
+                    out.setdefault(str(side["experiment"]), p.parent.name)
+    return out
 
 
 def referenced_fields(spec_paths: Iterable[Path]) -> list[str]:
@@ -170,12 +174,13 @@ def merge(existing: list[dict[str, str]], new: list[dict[str, str]]) -> list[dic
 
 def export(results: Iterable[dict[str, Any]], experiments_dir: Path) -> dict[Path, int]:
     """Write the runs' rows into ``experiments_dir/<paper>/results.csv``; returns {file: runs exported}."""
-    spec_paths = sorted(experiments_dir.glob("*/*.yaml"))
+    papers = experiment_papers(sorted(experiments_dir.glob("*/*.yaml")))
     by_paper: dict[str, list[dict[str, Any]]] = {}
     for rec in results:
-        if not rec.get("experiment"):  # a single run outside any table's sweep: no table reads it
-            continue
-        by_paper.setdefault(paper_of(str(rec["experiment"]), spec_paths), []).append(rec)
+        # a single run, or a sweep no table or claim reads (a tuning sweep's trials): not kept
+        paper = papers.get(str(rec.get("experiment")))
+        if paper is not None:
+            by_paper.setdefault(paper, []).append(rec)
     written = {}
     for paper, recs in sorted(by_paper.items()):
         fields = referenced_fields(sorted((experiments_dir / paper).glob("*.yaml")))
