@@ -4,7 +4,6 @@ final re-run, what the ledgers record, the preflight's search-space syntax."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,8 +47,8 @@ def test_preflight_accepts_a_search_space_and_checks_its_ends() -> None:
         preflight(["method=dp_gan", "metrics.split=test"])
 
 
-def test_a_tuning_sweep_never_reads_the_eval_split_and_the_final_run_reads_it_once(tmp_path: Path) -> None:
-    env = {**os.environ, "DPSYN_OUTPUT_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+def test_a_tuning_sweep_never_reads_the_eval_split_and_the_final_run_reads_it_once(tmp_path: Path, cli_env) -> None:
+    env = {**cli_env, "DPSYN_OUTPUT_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(REPO_DIR / "train.py"), "-m", "experiment=tune", "method=dp_gan", "dataset=digits",
            "eps=1", "trainer=debug", "logger=none", "hydra.sweeper.n_trials=3"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

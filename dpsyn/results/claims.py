@@ -282,6 +282,8 @@ def render_markdown(verdicts: Sequence[Verdict]) -> str:
         diff = _fmt(d["diff"])
         verdict = f"**{v.verdict}**" + ("" if v.verdict != "inconclusive" else f" ({v.reason})")
         wording = c.wording.replace("|", "/") + (f" ({c.source})" if c.source else "")
+        if c.note:
+            wording += f". *{c.note.replace('|', '/')}*"
         out.append(f"| {c.paper} | {wording} | {compared} | {cell(d['a'])} | {cell(d['b'])} | {diff} {ci} | {verdict} |")
     counts = {k: sum(v.verdict == k for v in verdicts) for k in ("holds", "fails", "inconclusive")}
     out += ["", f"{len(verdicts)} claims: {counts['holds']} hold, {counts['fails']} fail, {counts['inconclusive']} "
