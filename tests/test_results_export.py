@@ -112,3 +112,13 @@ def test_dry_run_counts_finished_cells_and_estimates_from_their_timings(tmp_path
     assert total == pytest.approx(10 * 900.0)
     assert "gan: 2/6 finished, 15.0 min a cell" in out
     assert os.environ["DPSYN_OUTPUT_DIR"] == str(tmp_path)
+
+
+def test_build_from_kept_results_writes_the_tables_the_readme_shows(tmp_path: Path) -> None:
+    cli_tables.main(["build", "--from", str(EXPERIMENTS), "--profile", "quick", "--out", str(tmp_path),
+                     "--only", "wu2023/table1_fmnist_shoes"])
+    md = (tmp_path / "wu2023_table1_fmnist_shoes_quick.md").read_text()
+    block = cli_tables.metric_table("wu2023/table1_fmnist_shoes", "quick", "fd_fmnist",
+                                    export.load_records(EXPERIMENTS))
+    assert block.split("\n", 1)[1] in md  # the FD table (under its title) is the file's first table
+    assert not list(tmp_path.glob("*_samples.png"))  # no samples are kept, so no mosaic

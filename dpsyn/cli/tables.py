@@ -450,9 +450,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     records = load_kept(args.source) if args.source is not None else None
     for spec_path in specs(args.only):
-        if records is None and not has_profile(load_spec_experiment(spec_path), args.profile):
-            continue
-        for path in build_tables(spec_path, args.profile, args.out, records=records):
+        experiment = load_spec_experiment(spec_path)
+        cells = None
+        if not has_profile(experiment, args.profile):
+            # no sweep of this profile: only results kept in the repo can fill it (no missing-cell rows then)
+            if records is None or not records_for(records, experiment, args.profile):
+                continue
+            cells = []
+        for path in build_tables(spec_path, args.profile, args.out, cells=cells, records=records):
             print(f"wrote {path}")
 
 
