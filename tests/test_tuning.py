@@ -71,6 +71,13 @@ def test_a_tuning_sweep_never_reads_the_eval_split_and_the_final_run_reads_it_on
         assert float(r["epsilon_spent"]) == float("inf")  # the validation score went to the sweeper without DP
         assert r["privacy_events"][-1]["kind"] == "non_private" and "tuning trial" in r["privacy_events"][-1]["label"]
         values.append(r["metrics"]["acc"])
+    # re-scoring a trial keeps its split: validation again, never the eval split
+    from dpsyn.cli.evaluate import rescore
+
+    with pytest.raises(ConfigError, match="scored on its validation split"):
+        rescore(trials[0].parent, ["metrics.split=eval"])
+    again = rescore(trials[0].parent, ["metrics.names.image=[fd]"])
+    assert "eval_reads" not in again["metric_info"] and "validation split" in again["metric_info"]["fd_digits"]["reference"]
     best = (sweep / "optimization_results.yaml").read_text()
     assert f"best_value: {max(values)}" in best
 

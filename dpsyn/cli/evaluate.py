@@ -47,6 +47,7 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None) -> dict[str
         if not (run_dir / name).is_file():
             raise ConfigError(f"run_dir={run_dir}: no {name} (only completed runs can be re-scored)")
     cfg = OmegaConf.load(run_dir / "config.yaml")
+    split = str(cfg.metrics.get("split", "eval"))
     overrides = list(overrides or [])
     group = [o for o in overrides if o.startswith("metrics=")]
     if group:
@@ -58,7 +59,14 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None) -> dict[str
         raise ConfigError(f"{bad[0]}: only metric settings can change when re-scoring; allowed: metrics=..., metrics.KEY=VALUE")
     if dotted:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotted))
+    if str(cfg.metrics.get("split", "eval")) != split:
+        raise ConfigError(f"metrics.split={cfg.metrics.split}: this run was scored on its {split} split; re-scoring "
+                          "keeps it (a tuned run is scored on eval by `python -m dpsyn.cli.tune final`)")
     data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir, public=False)  # metrics read none
+    if split == "validation":  # the rows the run held out, as in the run: the eval split is not read
+        from dpsyn.data import carve_validation
+
+        data = carve_validation(data, float(cfg.dataset.validation_size), int(cfg.dataset.split_seed))
     with np.load(run_dir / "samples.npz") as z:
         y = z["y"] if z["y"].size else None
         samples = Samples(z["x"], y, {"loaded_from": str(run_dir / "samples.npz")})
