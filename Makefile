@@ -30,11 +30,14 @@ data:
 		echo "or install Debian's dataset-fashion-mnist package, or run with dataset.download=true where the network allows."; \
 	fi
 
+# the suite runs on every core (pytest-xdist; TEST_JOBS=1 runs it in one process)
+TEST_JOBS ?= auto
+
 test:
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q -n $(TEST_JOBS)
 
 test-full:
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
 
 bench:
 	$(BIN)/python benchmarks/dpsgd_step.py

@@ -15,6 +15,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from dpsyn.paths import CONF_DIR, REPO_DIR
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test``), each worker gets its share of the cores for torch's intra-op threads:
+    two workers of two threads each on two cores would contend (and run slower than one thread each)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One cache per test session (evaluation networks are trained once, then reused)."""
