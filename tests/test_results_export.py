@@ -122,3 +122,13 @@ def test_build_from_kept_results_writes_the_tables_the_readme_shows(tmp_path: Pa
                                     export.load_records(EXPERIMENTS))
     assert block.split("\n", 1)[1] in md  # the FD table (under its title) is the file's first table
     assert not list(tmp_path.glob("*_samples.png"))  # no samples are kept, so no mosaic
+
+
+def test_runs_go_to_the_paper_whose_table_names_their_experiment() -> None:
+    papers = export.experiment_papers(sorted(EXPERIMENTS.glob("*/*.yaml")))
+    # lin2023's claims compare with wu2023_table1's cells: those rows stay in wu2023/results.csv
+    assert papers["wu2023_table1"] == "wu2023" and papers["lin2023_fig4"] == "lin2023"
+    assert papers["rajotte2020_grid"] == "rajotte2020" and papers["long2021_table1"] == "long2021"
+    for path in EXPERIMENTS.glob("*/results.csv"):  # and the kept files agree
+        assert {r["experiment"] for r in export.read_rows(path)} <= {e for e, p in papers.items()
+                                                                       if p == path.parent.name}, path

@@ -57,19 +57,23 @@ def overrides_hash(overrides: Iterable[str]) -> str:
 
 
 def experiment_papers(spec_paths: Iterable[Path]) -> dict[str, str]:
-    """{experiment: its ``experiments/<paper>`` folder} for every experiment a table spec or a claim names."""
+    """{experiment: its ``experiments/<paper>`` folder} for every experiment a table spec or a claim names.
+
+    A table spec's folder wins: a claim may compare with another paper's cells (PE against paper 000's DP-MEPF),
+    which stay with that paper."""
     from omegaconf import OmegaConf
 
-    out: dict[str, str] = {}
+    from_specs: dict[str, str] = {}
+    from_claims: dict[str, str] = {}
     for p in spec_paths:
         raw = OmegaConf.to_container(OmegaConf.load(p), resolve=False)
         if raw.get("experiment"):
-            out.setdefault(str(raw["experiment"]), p.parent.name)
+            from_specs.setdefault(str(raw["experiment"]), p.parent.name)
         for c in raw.get("claims") or []:
             for side in (c.get("a") or {}, c.get("b") or {}):
                 if side.get("experiment"):
-                    out.setdefault(str(side["experiment"]), p.parent.name)
-    return out
+                    from_claims.setdefault(str(side["experiment"]), p.parent.name)
+    return {**from_claims, **from_specs}
 
 
 def referenced_fields(spec_paths: Iterable[Path]) -> list[str]:
