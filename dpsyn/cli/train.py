@@ -246,7 +246,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             from dpsyn.metrics.membership import evaluate_membership
 
             extra, extra_info = evaluate_membership(target, data.private, data.eval, seed=int(cfg.seed),
-                                                    dataset=data.name, num_classes=data.num_classes)
+                                                    dataset=data.name, num_classes=data.num_classes,
+                                                    split=data.eval_split)
             metrics.update(extra)
             metric_info.update(extra_info)
         if logger is not None:

@@ -65,7 +65,7 @@ def attack_pool(target: MembershipTarget, private: Any, eval_split: Any, *, seed
 
 
 def evaluate_membership(target: MembershipTarget, private: Any, eval_split: Any, *, seed: int, dataset: str,
-                        num_classes: int) -> tuple[dict[str, Any], dict[str, Any]]:
+                        num_classes: int, split: str = "eval") -> tuple[dict[str, Any], dict[str, Any]]:
     """The attacks (and, when asked, per-owner utility) on ``target``: (values, per-value info) for result.json.
 
     Args:
@@ -75,6 +75,8 @@ def evaluate_membership(target: MembershipTarget, private: Any, eval_split: Any,
         seed: the run seed (the candidate draw, the attacks' randomness).
         dataset: the dataset's name (for the info).
         num_classes: the dataset's classes (downstream classifiers).
+        split: what ``eval_split`` is: ``eval`` (the test split) or ``validation`` (rows carved from private in a
+            tuning run, :func:`dpsyn.data.carve_validation`), named in the info and the sealed split.
     """
     from dpsyn.metrics.mia import monte_carlo_mia, whitebox_mia
 
@@ -97,14 +99,15 @@ def evaluate_membership(target: MembershipTarget, private: Any, eval_split: Any,
             values[f"mia_mc_{k}"] = mc[k]
             infos[f"mia_mc_{k}"] = mc_info
     if int(a.get("per_owner_utility", 0)) and target.samples is not None and len(target.sample_groups) > 1:
-        values_u, info_u = per_group_utility(target, eval_split, seed=seed, dataset=dataset, num_classes=num_classes)
+        values_u, info_u = per_group_utility(target, eval_split, seed=seed, dataset=dataset, num_classes=num_classes,
+                                             split=split)
         values.update(values_u)
         infos.update(info_u)
     return values, infos
 
 
 def per_group_utility(target: MembershipTarget, eval_split: Any, *, seed: int, dataset: str,
-                      num_classes: int) -> tuple[dict[str, Any], dict[str, Any]]:
+                      num_classes: int, split: str = "eval") -> tuple[dict[str, Any], dict[str, Any]]:
     """Downstream accuracy of each generator's samples alone (the paper's per-owner utility), one sealed read of
     ``eval_split`` each."""
     from dpsyn.metrics.sealed import SealedSplit
@@ -113,7 +116,7 @@ def per_group_utility(target: MembershipTarget, eval_split: Any, *, seed: int, d
     x, y = target.samples
     c = target.settings["utility"]
     groups = list(target.sample_groups)
-    sealed = SealedSplit(eval_split.x, eval_split.y, name=f"{dataset}/eval", max_reads=len(groups))
+    sealed = SealedSplit(eval_split.x, eval_split.y, name=f"{dataset}/{split}", max_reads=len(groups))
     values, infos = {}, {}
     for name, rows, what in groups:
         out = downstream_accuracy((x[rows], y[rows]), sealed, num_classes=num_classes, epochs=int(c["epochs"]),
@@ -121,5 +124,5 @@ def per_group_utility(target: MembershipTarget, eval_split: Any, *, seed: int, d
                                   seed=seed, progress=False)
         values[name] = out["acc"]
         infos[name] = {"generator": what, "n_train": out["n_train"], "selection": "held-out synthetic split",
-                       "reference": f"{dataset} eval split (sealed)"}
+                       "reference": f"{dataset} {split} split (sealed)"}
     return values, infos
