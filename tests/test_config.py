@@ -30,7 +30,7 @@ def test_every_config_composes(group: str, option: str) -> None:
     # no group may leak keys to the top level (a _global_ file's own defaults must name their package), except an
     # experiment's own sweep keys (rajotte2020_grid's owner fractions f0, f1)
     base = {"method", "dataset", "public", "privacy", "metrics", "trainer", "logger", "paths", "eps", "seed",
-            "experiment_name", "profile", "skip_existing"}
+            "experiment_name", "profile", "skip_existing", "tuning"}
     sweep_keys: set[str] = set()
     if group == "experiment":
         from omegaconf import OmegaConf
