@@ -81,6 +81,9 @@ def test_selectors_match_overrides_profiles_and_one_value_per_seed() -> None:
             _rec("a", 2, 0.7, profile="paper", overrides=("f0=0.05",))]  # another profile: not read
     side = cl.Side({"method": "a", "f0": 0.05})
     assert cl.side_values(recs, side, "acc", ("embedded", "quick")) == [0.5, 0.4]
+    # a variant (an override the selector does not name) is not a seed of the plain cell
+    assert cl.side_values(recs + [_rec("a", 3, 0.9, overrides=("f0=0.05", "method.lr=1"))], side, "acc",
+                          ("embedded", "quick")) == [0.5, 0.4]
     flag = [_rec("a", 0, 0.5, overrides=("method.conditional=false",))]
     assert cl.side_values(flag, cl.Side({"method.conditional": False}), "acc", ("quick",)) == [0.5]
     assert cl.side_values(flag, cl.Side({"method.conditional": True}), "acc", ("quick",)) == []

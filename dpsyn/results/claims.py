@@ -165,10 +165,16 @@ def _overrides(rec: dict[str, Any]) -> dict[str, str]:
 
 
 def matches(rec: dict[str, Any], select: dict[str, Any]) -> bool:
-    """Whether a run (result.json or a record from results.csv) is in the cell ``select`` names."""
+    """Whether a run (result.json or a record from results.csv) is in the cell ``select`` names.
+
+    A run with an override the selector does not name is a variant of the cell (``method.conditional=true`` beside
+    the plain runs), not one of its seeds: it does not match."""
+    from dpsyn.results.export import kept_overrides
     from dpsyn.results.tables import _field
 
     ovr = _overrides(rec)
+    if any(o.split("=", 1)[0].lstrip("+~") not in select for o in kept_overrides(rec.get("overrides") or [])):
+        return False
     for k, want in select.items():
         if k in COORDS:
             got = rec.get(k)
