@@ -203,7 +203,11 @@ def dry_run(profile: str, only: list[str] | None, train_args: list[str], kept: l
     kept result, else the experiment's median). Returns the estimated seconds (unknown cells count 0)."""
     from dpsyn.results.tables import load_spec
 
-    kept = kept or []
+    anywhere: dict[str, list[float]] = {}  # kept results' timings per method (any experiment, any machine)
+    for r in kept or []:
+        sec = (r.get("timings") or {}).get("total_s")
+        if isinstance(sec, float):
+            anywhere.setdefault(str(r.get("method")), []).append(sec)
     total, unknown_total, seen = 0.0, 0, set()
     for spec_path in specs(only):
         spec = load_spec(spec_path)
@@ -222,11 +226,6 @@ def dry_run(profile: str, only: list[str] | None, train_args: list[str], kept: l
             sec = _run_seconds(c.run_dir)
             if sec is not None:
                 timed.setdefault(_cell_method(c, default_method), []).append(sec)
-        anywhere: dict[str, list[float]] = {}
-        for r in kept:
-            sec = (r.get("timings") or {}).get("total_s")
-            if isinstance(sec, float):
-                anywhere.setdefault(str(r.get("method")), []).append(sec)
         all_timed = [x for v in timed.values() for x in v]
         est, unknown = 0.0, 0
         for c in cells:
@@ -324,14 +323,13 @@ def evaluate_claims(records: list[dict[str, Any]], experiments_dir: Path = EXPER
     return [evaluate(c, records) for path in claim_files(experiments_dir) for c in load_claims(path)]
 
 
-def write_claims(verdicts: list[Any], out_dir: Path) -> list[Path]:
+def write_claims(verdicts: list[Any], markdown: str, out_dir: Path) -> list[Path]:
     import json
 
-    from dpsyn.results.claims import render_markdown
     from dpsyn.results.io import atomic_write_text
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [atomic_write_text(out_dir / "claims.md", render_markdown(verdicts)),
+    return [atomic_write_text(out_dir / "claims.md", markdown),
             atomic_write_text(out_dir / "claims.json", json.dumps([v.to_dict() for v in verdicts], indent=1) + "\n")]
 
 
@@ -429,8 +427,9 @@ def main(argv: list[str] | None = None) -> None:
         verdicts = evaluate_claims(load_kept(args.source))
         from dpsyn.results.claims import render_markdown
 
-        print(render_markdown(verdicts))
-        for path in write_claims(verdicts, args.out):
+        markdown = render_markdown(verdicts)
+        print(markdown)
+        for path in write_claims(verdicts, markdown, args.out):
             print(f"wrote {path}")
         return
     if args.cmd == "readme":

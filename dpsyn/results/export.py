@@ -115,6 +115,7 @@ def rows_of(rec: dict[str, Any], fields: Iterable[str] = ()) -> list[dict[str, s
         v = _field(rec, name)
         if v is not None:
             extra[name] = v
+    run_s = (rec.get("timings") or {}).get("total_s")
     base = {
         "experiment": str(rec.get("experiment") or ""),
         "profile": str(rec.get("profile") or ""),
@@ -128,8 +129,7 @@ def rows_of(rec: dict[str, Any], fields: Iterable[str] = ()) -> list[dict[str, s
         "accountant": str(rec.get("accountant") or ""),
         "git_sha": str(rec.get("git_sha") or ""),
         "date": date,
-        "run_s": _num(round(float((rec.get("timings") or {}).get("total_s", float("nan"))), 1))
-        if (rec.get("timings") or {}).get("total_s") is not None else "",
+        "run_s": "" if run_s is None else _num(round(float(run_s), 1)),
         "fields": json.dumps(extra, sort_keys=True) if extra else "",
     }
     out = []
