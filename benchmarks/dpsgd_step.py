@@ -1,76 +1,152 @@
 """Benchmark: cost of one DP-SGD discriminator step of dp_gan relative to a non-private step, in the same run.
 
-Prints the ratio (DP step time / plain step time) for Opacus's per-sample-gradient modes available here:
-hooks (GradSampleModule's backward hooks, what dp_gan uses) and functorch (vmap over per-sample grads), each with
-dp_gan's D step: forward on real + fake (paired rows), backward, clip, noise, Adam update. "split" measures the
-alternative of per-sample gradients for the real rows only, the (data-independent) fake rows' gradient added
-unclipped after the noise.
+Prints the ratio (DP step time / plain step time) of each way dpsyn can make the step, with dp_gan's discriminator
+(conditional DCGAN, ndf 32, 28x28) and the code the methods run (:class:`dpsyn.lit.gan.GANModule`'s two
+constructions, :func:`dpsyn.lit.gan.split_dp_step` and Opacus's ``DPOptimizer`` as
+:func:`dpsyn.lit.dpsgd.dp_optimizer` builds it):
+
+* ``split``: per-sample gradients for the real rows only; the B fake rows' gradient computed with the hooks off and
+  added after the noise (the default, ``method.dpsgd_step=split``);
+* ``paired``: real row i and fake row i clipped together (Opacus's DCGAN example), per-sample gradients for all 2B
+  rows;
+* each with Opacus's ``hooks`` or ``functorch`` per-sample gradients (``method.grad_sample_mode``);
+* ``split + ghost``: Opacus's ghost clipping (per-sample gradient norms without materialising the per-sample
+  gradients, two backward passes) on the real rows; measured only, not offered as a method setting.
+
+The line of the configured default (conf/method/dp_gan.yaml) is marked ``(default)``. Ratios differ between CPUs,
+so the CPU model is printed first.
 Usage: python benchmarks/dpsgd_step.py [--batch 128] [--steps 30] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
 import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from torch.nn import functional as F
 
+from dpsyn.lit.dpsgd import dp_optimizer
+from dpsyn.lit.gan import split_dp_step
 from dpsyn.nets.dcgan import CondDCGANDiscriminator
 
+MODES: tuple[tuple[str, str], ...] = (
+    ("paired", "hooks"), ("paired", "functorch"), ("split", "hooks"), ("split", "functorch"), ("split", "ghost"),
+)
 
-def make_step(mode: str, batch: int):
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def default_mode() -> tuple[str, str]:
+    """(dpsgd_step, grad_sample_mode) of conf/method/dp_gan.yaml."""
+    cfg = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "method" / "dp_gan.yaml")
+    return str(cfg.dpsgd_step), str(cfg.grad_sample_mode)
+
+
+def _bce(logits: torch.Tensor, target: float) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, target), reduction="sum")
+
+
+def make_step(step_kind: str, engine: str, batch: int, device: str = "cpu") -> Callable[[], None]:
+    """One discriminator step of the given kind (``plain``, or a DP construction and per-sample engine)."""
     torch.manual_seed(0)
-    D = CondDCGANDiscriminator(num_classes=10, channels=1, resolution=28, ndf=32)
-    opt = torch.optim.Adam(D.parameters(), lr=2e-4)
-    if mode != "plain":
-        from opacus import GradSampleModule
-        from opacus.optimizers import DPOptimizer
+    D = CondDCGANDiscriminator(num_classes=10, channels=1, resolution=28, ndf=32).to(device)
+    x = torch.rand(batch, 1, 28, 28, device=device)
+    fake = torch.rand(batch, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    adam = torch.optim.Adam(D.parameters(), lr=2e-4)
+    if step_kind == "plain":
+        def plain() -> None:
+            adam.zero_grad(set_to_none=True)
+            ((_bce(D(x, y), 1.0) + _bce(D(fake, y), 0.0)) / batch).backward()
+            adam.step()
+        return plain
 
-        D = GradSampleModule(D, loss_reduction="sum", force_functorch=(mode == "functorch"))  # split: hooks
-        opt = DPOptimizer(opt, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=batch)
-    x = torch.rand(batch, 1, 28, 28)
-    fake = torch.rand(batch, 1, 28, 28)
-    y = torch.randint(0, 10, (batch,))
+    gen = torch.Generator(device=device).manual_seed(1)
+    if engine == "ghost":
+        from opacus.grad_sample import GradSampleModuleFastGradientClipping
+        from opacus.optimizers import DPOptimizerFastGradientClipping
+        from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
-    if mode == "split":
-        # per-sample gradients for the real rows only; the fake rows' gradient (data-independent) added unclipped
-        def step() -> None:
+        gsm = GradSampleModuleFastGradientClipping(D, loss_reduction="sum", max_grad_norm=1.0)
+        adam = torch.optim.Adam(gsm.parameters(), lr=2e-4)
+        opt = DPOptimizerFastGradientClipping(adam, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=batch,
+                                              loss_reduction="sum", generator=gen)
+        criterion = DPLossFastGradientClipping(gsm, opt, torch.nn.BCEWithLogitsLoss(reduction="sum"),
+                                               loss_reduction="sum")
+
+        def ghost() -> None:
             opt.zero_grad(set_to_none=True)
-            D.disable_hooks()
-            F.binary_cross_entropy_with_logits(D(fake, y), torch.zeros(batch), reduction="sum").backward()
-            fake_grads = [p.grad.detach().clone() for p in D.parameters()]
-            for p in D.parameters():
+            gsm.disable_hooks()
+            _bce(gsm(fake, y), 0.0).backward()
+            fake_grads = [p.grad.detach().clone() for p in opt.params]
+            for p in opt.params:
                 p.grad = None
-            D.enable_hooks()
-            F.binary_cross_entropy_with_logits(D(x, y), torch.ones(batch), reduction="sum").backward()
+            gsm.enable_hooks()
+            criterion(gsm(x, y), torch.ones(batch, device=device)).backward()  # norms pass + clipped-sum pass
             opt.pre_step()
-            for p, g in zip(D.parameters(), fake_grads):
-                p.grad += g / batch
+            for p, g in zip(opt.params, fake_grads):
+                p.grad = p.grad + g / batch
             opt.original_optimizer.step()
+        return ghost
 
-        return step
+    from opacus import GradSampleModule
 
-    def step() -> None:
+    gsm = GradSampleModule(D, loss_reduction="sum", force_functorch=engine == "functorch")
+    opt = dp_optimizer(torch.optim.Adam(gsm.parameters(), lr=2e-4), noise_multiplier=1.0, max_grad_norm=1.0,
+                       expected_batch_size=batch, generator=gen)
+    if step_kind == "split":
+        def split() -> None:
+            split_dp_step(opt, gsm, fake_loss=lambda: _bce(gsm(fake, y), 0.0), real_loss=lambda: _bce(gsm(x, y), 1.0))
+        return split
+
+    def paired() -> None:
         opt.zero_grad(set_to_none=True)
-        loss = F.binary_cross_entropy_with_logits(D(x, y), torch.ones(batch), reduction="sum")
-        loss = loss + F.binary_cross_entropy_with_logits(D(fake, y), torch.zeros(batch), reduction="sum")
-        loss.backward()
+        (_bce(gsm(x, y), 1.0) + _bce(gsm(fake, y), 0.0)).backward()
         opt.step()
+    return paired
 
-    return step
 
-
-def time_step(step, steps: int) -> float:
+def time_step(step: Callable[[], None], steps: int, sync: Callable[[], None] = lambda: None) -> float:
+    """Median wall time of ``steps`` calls, after 3 warm-up calls."""
     for _ in range(3):
-        step()  # warm-up
+        step()
+    sync()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def ratios(batch: int, steps: int, device: str = "cpu") -> dict[str, float | str]:
+    """``{"plain_ms": ..., "<step>/<engine>": ratio or "failed: ..."}``, all measured in this call."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    base = time_step(make_step("plain", "", batch, device), steps, sync)
+    out: dict[str, float | str] = {"plain_ms": base * 1e3}
+    for kind, engine in MODES:
+        try:
+            out[f"{kind}/{engine}"] = time_step(make_step(kind, engine, batch, device), steps, sync) / base
+        except Exception as e:  # noqa: BLE001 - an engine Opacus cannot run here is reported, not fatal
+            out[f"{kind}/{engine}"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+    return out
 
 
 def main() -> None:
@@ -81,12 +157,19 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    base = time_step(make_step("plain", args.batch), args.steps)
-    print(f"dp_gan discriminator step, batch {args.batch}, {torch.get_num_threads()} threads, median of {args.steps}")
-    print(f"  plain (non-private)  {base * 1e3:8.2f} ms   1.00x")
-    for mode in ("hooks", "functorch", "split"):
-        t = time_step(make_step(mode, args.batch), args.steps)
-        print(f"  DP-SGD {mode:<13} {t * 1e3:8.2f} ms   {t / base:.2f}x")
+    # Opacus's full backward hooks note that the input images need no gradient: true, and harmless here
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    print(f"CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    res = ratios(args.batch, args.steps)
+    default = "/".join(default_mode())
+    print(f"dp_gan discriminator step, batch {args.batch}, median of {args.steps}")
+    print(f"  plain (non-private)           {res['plain_ms']:8.2f} ms   1.00x")
+    for key, r in res.items():
+        if key == "plain_ms":
+            continue
+        mark = "  (default)" if key == default else ""
+        line = f"{r * res['plain_ms']:8.2f} ms   {r:.2f}x" if isinstance(r, float) else r
+        print(f"  DP-SGD {key:<22} {line}{mark}")
 
 
 if __name__ == "__main__":

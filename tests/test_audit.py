@@ -116,6 +116,7 @@ def _half_noise_doubles() -> dict[str, tuple]:
     return {
         "dpsgd_step": (dpsgd, "dp_optimizer", {"noise_multiplier": 0.5}),
         "dpsgd_empty_batch": (dpsgd, "dp_optimizer", {"noise_multiplier": 0.5}),
+        "dpsgd_split_step": (dpsgd, "dp_optimizer", {"noise_multiplier": 0.5}),
         "dp_mge_classic": (dp_mge, "dp_moments", {"sigma_mean": 0.5, "sigma_second": 0.5}),
         "dp_mge_analytic": (dp_mge, "dp_moments", {"sigma_mean": 0.5, "sigma_second": 0.5}),
         "pe_histogram": (pe_histogram, "dp_nn_histogram", {"noise_multiplier": 0.5}),
@@ -146,7 +147,8 @@ DOUBLE_TRIALS = {"gs_wgan_sanitize": 2_000_000, "laplace_class_counts": 2_000_00
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("g_pate_dpgradagg", "pe_histogram",
                                                                                      "dp_mge_classic") else n
-                                  for n in _half_noise_doubles() if n != "dpsgd_empty_batch"])
+                                  for n in _half_noise_doubles()
+                                  if n not in ("dpsgd_empty_batch", "dpsgd_split_step")])
 def test_half_noise_double_is_caught(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each Gaussian-noise mechanism (and the Laplace release) with half its noise: reported above its claim.
 
@@ -159,8 +161,8 @@ def test_half_noise_double_is_caught(name: str, monkeypatch: pytest.MonkeyPatch)
     if name == "dp_mge_classic":
         scale = {k: 0.25 for k in scale}
     _halve(monkeypatch, module, attr, **scale)
-    # the two DP-SGD rows share their steps (one run_audit call for both)
-    names = ["dpsgd_step", "dpsgd_empty_batch"] if name == "dpsgd_step" else [name]
+    # the DP-SGD rows share their steps (one run_audit call for all three)
+    names = ["dpsgd_step", "dpsgd_empty_batch", "dpsgd_split_step"] if name == "dpsgd_step" else [name]
     rows = run_audit(names, eps=1.0, delta=1e-5, trials=DOUBLE_TRIALS.get(name, 1_000_000), deterministic=True,
                      seed=1)
     for row in rows:
@@ -214,7 +216,8 @@ def test_default_audit_passes_and_is_tight_for_the_gaussian_mechanisms(tmp_path:
     (audit_json,) = (tmp_path / "outputs" / "audit").glob("*/audit.json")
     rows = {r["mechanism"]: r for r in json.loads(audit_json.read_text())["rows"]}
     assert set(rows) == set(MECHANISMS)
-    for name in ("dpsgd_step", "dpsgd_empty_batch", "dp_mge_analytic", "pe_histogram", "gs_wgan_sanitize"):
+    for name in ("dpsgd_step", "dpsgd_empty_batch", "dpsgd_split_step", "dp_mge_analytic", "pe_histogram",
+                 "gs_wgan_sanitize"):
         assert rows[name]["eps_lower"] >= 0.5 * rows[name]["eps_claimed"], rows[name]
 
 

@@ -334,3 +334,139 @@ def test_shared_dpsgd_setup_calibrates_for_the_trainers_steps_and_samples_poisso
     charge_dpsgd(ledger, noise_multiplier=None, sample_rate=0.1, steps_done=7, accountant="rdp", label="x",
                  non_private_label="y")
     assert ledger.to_dict()["events"][0]["kind"] == "non_private"
+
+
+# --- split mode (the default DP step): per-sample gradients for the real rows only, B fake rows added after noise
+
+
+def _flat(params) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in params]).clone()
+
+
+def _replayed_noise(params, std: float, seed: int) -> torch.Tensor:
+    """The Gaussian draws Opacus's DPOptimizer makes from a generator seeded with ``seed``: one tensor per parameter,
+    in parameter order (``torch.normal(0, std, p.shape)``)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.cat([torch.normal(0.0, std, size=p.shape, generator=g).flatten() for p in params])
+
+
+def _clipped_row_sum(D: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, target: float, clip: float) -> torch.Tensor:
+    """Reference: sum over rows of clip(grad of row i's loss), one row at a time."""
+    total = torch.zeros(sum(p.numel() for p in D.parameters()))
+    for i in range(len(x)):
+        D.zero_grad()
+        F.binary_cross_entropy_with_logits(D(x[i : i + 1], y[i : i + 1]), torch.full((1,), target),
+                                           reduction="sum").backward()
+        g = torch.cat([p.grad.flatten() for p in D.parameters()])
+        total += g * min(1.0, clip / (g.norm().item() + 1e-6))
+    return total
+
+
+def _plain_grad_sum(D: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, target: float) -> torch.Tensor:
+    D.zero_grad()
+    F.binary_cross_entropy_with_logits(D(x, y), torch.full((len(x),), target), reduction="sum").backward()
+    return torch.cat([p.grad.flatten() for p in D.parameters()]).clone()
+
+
+@pytest.mark.parametrize("functorch", [False, True])
+def test_split_step_is_the_clipped_noised_real_sum_plus_the_fake_gradient_over_b(functorch: bool) -> None:
+    from dpsyn.lit.gan import split_dp_step
+
+    x, y = torch.rand(5, 1, 28, 28), torch.tensor([0, 1, 2, 0, 1])
+    fake, y_fake = torch.rand(8, 1, 28, 28), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    clip, B, nm, seed = 0.05, 8, 0.7, 11
+    D = _d()
+    params = list(D.parameters())
+    want = (_clipped_row_sum(D, x, y, 1.0, clip) + _replayed_noise(params, nm * clip, seed)) / B
+    want += _plain_grad_sum(D, fake, y_fake, 0.0) / B
+
+    gsm = GradSampleModule(_d(), loss_reduction="sum", force_functorch=functorch)
+    opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=1.0), noise_multiplier=nm, max_grad_norm=clip,
+                      expected_batch_size=B, loss_reduction="mean", generator=torch.Generator().manual_seed(seed))
+    before = _flat(gsm.parameters())
+    split_dp_step(
+        opt, gsm,
+        fake_loss=lambda: F.binary_cross_entropy_with_logits(gsm(fake, y_fake), torch.zeros(8), reduction="sum"),
+        real_loss=lambda: F.binary_cross_entropy_with_logits(gsm(x, y), torch.ones(5), reduction="sum"),
+    )
+    update = before - _flat(gsm.parameters())
+    torch.testing.assert_close(update, want, rtol=1e-4, atol=1e-6)
+    assert all(p.grad is None and getattr(p, "grad_sample", None) is None for p in gsm.parameters())
+
+
+def test_paired_step_matches_the_row_by_row_clipped_noised_sum() -> None:
+    """The paired construction with noise: row i's real + fake gradient clipped as one, summed, noised, / B."""
+    x, fake, y = torch.rand(5, 1, 28, 28), torch.rand(5, 1, 28, 28), torch.tensor([0, 1, 2, 0, 1])
+    clip, B, nm, seed = 0.05, 8, 0.7, 5
+    D = _d()
+    ref = _row_grads(D, x, fake, y)
+    want = (sum(g * min(1.0, clip / (g.norm().item() + 1e-6)) for g in ref)
+            + _replayed_noise(list(D.parameters()), nm * clip, seed)) / B
+    gsm = GradSampleModule(_d(), loss_reduction="sum")
+    opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=1.0), noise_multiplier=nm, max_grad_norm=clip,
+                      expected_batch_size=B, loss_reduction="mean", generator=torch.Generator().manual_seed(seed))
+    before = _flat(gsm.parameters())
+    opt.zero_grad(set_to_none=True)
+    loss = F.binary_cross_entropy_with_logits(gsm(x, y), torch.ones(5), reduction="sum")
+    (loss + F.binary_cross_entropy_with_logits(gsm(fake, y), torch.zeros(5), reduction="sum")).backward()
+    opt.step()
+    torch.testing.assert_close(before - _flat(gsm.parameters()), want, rtol=1e-4, atol=1e-6)
+
+
+def _split_module(B: int, seed: int):
+    from dpsyn.lit.gan import GANModule
+
+    torch.manual_seed(0)
+    G = CondDCGANGenerator(z_dim=8, num_classes=3, channels=1, resolution=28, ngf=4)
+    gsm = GradSampleModule(_d(), loss_reduction="sum")
+    dp = {"noise_multiplier": 0.9, "max_grad_norm": 0.05, "generator": torch.Generator().manual_seed(seed),
+          "max_steps": 10}
+    m = GANModule(generator=G, discriminator=gsm, z_dim=8, num_classes=3, expected_batch_size=B, lr_g=1e-3,
+                  lr_d=1e-3, beta1=0.5, dp=dp)
+    m.manual_backward = lambda loss: loss.backward()  # no Trainer attached
+    _, opt_d = m.configure_optimizers()
+    opt_d.original_optimizer = torch.optim.SGD(gsm.parameters(), lr=1.0)  # the update is the gradient
+    return m, gsm, opt_d
+
+
+@pytest.mark.parametrize("b", [0, 3, 20])
+def test_split_step_fake_rows_and_their_term_do_not_depend_on_the_poisson_count(b: int) -> None:
+    """The unclipped fake term is computed on exactly B rows whatever b, and equals what the same fake rows give
+    with no private row at all: the step reveals b only through the clipped, noised sum."""
+    B, seed = 8, 3
+    m, gsm, opt_d = _split_module(B, seed)
+    seen: list[tuple[int, bool]] = []
+    gsm._module.register_forward_pre_hook(lambda mod, args: seen.append((len(args[0]), gsm.hooks_enabled)))
+    x, y = torch.rand(b, 1, 28, 28), torch.randint(0, 3, (b,))
+    params = list(gsm.parameters())
+    before = _flat(params)
+    # the real part, by the reference (computed on a copy with the same weights, before the step)
+    ref_d = _d()
+    real = _clipped_row_sum(ref_d, x, y, 1.0, 0.05) if b else torch.zeros_like(before)
+    torch.manual_seed(42)  # the fake rows' latents
+    m._split_dp_step(opt_d, x, y)
+    fake_term = (before - _flat(params)) - (real + _replayed_noise(params, 0.9 * 0.05, seed)) / B
+    assert [n for n, hooks in seen if not hooks] == [B], "the fake rows: exactly B, with per-sample hooks off"
+    assert [n for n, hooks in seen if hooks] == ([b] if b else []), "the real rows: the Poisson batch only"
+    # the same fake rows' plain gradient / B, from the same latents
+    torch.manual_seed(42)
+    z, y_fake = m._latent(B)
+    with torch.no_grad():
+        fake = m.G(z, y_fake)
+    torch.testing.assert_close(fake_term, _plain_grad_sum(ref_d, fake, y_fake, 0.0) / B, rtol=1e-3, atol=1e-6)
+
+
+def test_split_step_refuses_a_step_without_per_sample_gradients() -> None:
+    from dpsyn.lit.gan import split_dp_step
+
+    gsm = GradSampleModule(_d(), loss_reduction="sum")
+    opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=1.0), noise_multiplier=1.0, max_grad_norm=1.0,
+                      expected_batch_size=4, loss_reduction="mean")
+    x, y = torch.rand(4, 1, 28, 28), torch.randint(0, 3, (4,))
+
+    def real_loss_without_hooks() -> torch.Tensor:  # a bug that would bypass the clipping (and, in Opacus, the noise)
+        gsm.disable_hooks()
+        return F.binary_cross_entropy_with_logits(gsm(x, y), torch.ones(4), reduction="sum")
+
+    with pytest.raises(RuntimeError, match="per-sample"):
+        split_dp_step(opt, gsm, fake_loss=lambda: gsm(x, y).sum() * 0, real_loss=real_loss_without_hooks)

@@ -136,7 +136,10 @@ def _dpsgd_outputs(eps: float, delta: float, trials: int, noise: NoiseSource, *,
 
     Returns the canary coordinates (D1), the empty coordinates of the same steps (D0 of ``dpsgd_step``) and the
     outputs of GANModule's step for an empty Poisson batch (:func:`dpsyn.lit.gan.noise_only_step`, D0 of
-    ``dpsgd_empty_batch``), computed once per audit and shared by the two rows."""
+    ``dpsgd_empty_batch``), computed once per audit and shared by the rows. ``dpsgd_split_step`` audits dp_gan's
+    default step (:func:`dpsyn.lit.gan.split_dp_step`) on the same canaries, with a fixed batch of data-independent
+    "fake" rows whose known unclipped gradient is subtracted from the output (post-processing with public
+    information) before scoring."""
     key = ("dpsgd", eps, delta, trials, accountant)
     if key in noise.shared:
         return noise.shared[key]
@@ -156,9 +159,12 @@ def _dpsgd_outputs(eps: float, delta: float, trials: int, noise: NoiseSource, *,
     opt = dpsgd.dp_optimizer(torch.optim.SGD(gsm.parameters(), lr=1.0), noise_multiplier=nm, max_grad_norm=clip,
                              expected_batch_size=half, generator=noise.torch())
     layout = np.random.default_rng(noise.seed)
-    out: dict[str, list[np.ndarray]] = {"canary": [], "empty": [], "empty_batch": []}
+    out: dict[str, list[np.ndarray]] = {"canary": [], "empty": [], "empty_batch": [], "split_canary": [],
+                                        "split_empty": []}
     n = 0
     eye = torch.eye(dim) * clip
+    fake = torch.from_numpy(np.random.default_rng(noise.seed + 2).standard_normal((4, dim)).astype(np.float32))
+    fake_term = (fake.sum(0) / clip).double().numpy()  # its gradient in the released units: sum / half * half / clip
 
     def released(step: Callable[[], None]) -> np.ndarray:
         before = layer.weight.detach().clone()
@@ -181,6 +187,10 @@ def _dpsgd_outputs(eps: float, delta: float, trials: int, noise: NoiseSource, *,
             out["empty"].append(g[empty])
             if sum(len(a) for a in out["empty_batch"]) < trials:
                 out["empty_batch"].append(released(lambda: gan.noise_only_step(opt)))
+            g = released(lambda: gan.split_dp_step(opt, gsm, fake_loss=lambda: gsm(fake).sum(),
+                                                   real_loss=lambda: gsm(rows).sum())) - fake_term
+            out["split_canary"].append(g[canary])
+            out["split_empty"].append(g[empty])
             n += len(canary)
             bar.update(min(n, trials) - bar.n)
     gsm.remove_hooks()
@@ -191,10 +201,14 @@ def _dpsgd_outputs(eps: float, delta: float, trials: int, noise: NoiseSource, *,
     return res
 
 
-def _dpsgd(eps: float, delta: float, trials: int, noise: NoiseSource, *, empty_batch: bool) -> Scores:
+def _dpsgd(eps: float, delta: float, trials: int, noise: NoiseSource, *, empty_batch: bool = False,
+           split: bool = False) -> Scores:
     """One DP-SGD row: D1 = canary coordinates, D0 = empty coordinates of the same steps, or the noise-only step
-    for an empty Poisson batch (``empty_batch``). See :func:`_dpsgd_outputs`."""
+    for an empty Poisson batch (``empty_batch``); ``split``: the same for dp_gan's split step. See
+    :func:`_dpsgd_outputs`."""
     o = _dpsgd_outputs(eps, delta, trials, noise)
+    if split:
+        return Scores(o["split_empty"], o["split_canary"], o["claimed"], {**o["params"], "step": "split"})
     return Scores(o["empty_batch"] if empty_batch else o["empty"], o["canary"], o["claimed"], o["params"])
 
 
@@ -404,6 +418,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               lambda *a: _dpsgd(*a, empty_batch=False)),
     Mechanism("dpsgd_empty_batch", "DP-SGD noise-only step for an empty Poisson batch (dp_gan)",
               lambda *a: _dpsgd(*a, empty_batch=True)),
+    Mechanism("dpsgd_split_step", "DP-SGD split step (dp_gan's default: real rows clipped + noised, fake rows added)",
+              lambda *a: _dpsgd(*a, split=True)),
     Mechanism("dp_mge_classic", "dp_mge mean + second moment, classic calibration (default)",
               lambda *a: _dp_mge(*a, calibration="classic")),
     Mechanism("dp_mge_analytic", "dp_mge mean + second moment, analytic calibration",

@@ -140,6 +140,7 @@ class DPGAN(Method):
             lr_d=float(cfg.lr_d),
             beta1=float(cfg.beta1),
             dp=dp,
+            dpsgd_step=str(cfg.dpsgd_step),
         )
         if self.label_probs is not None:
             self.module: GANModule = _ProportionalLabelGAN(label_probs=self.label_probs, **module_kwargs)

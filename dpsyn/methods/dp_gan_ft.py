@@ -112,6 +112,7 @@ class FeatureGANMethod(Method):
             generator=G, discriminator=D,
             z_dim=int(cfg.z_dim), num_classes=self.ctx.num_classes, expected_batch_size=batch,
             lr_g=float(cfg.lr_g), lr_d=float(cfg.lr_d), beta1=float(cfg.beta1), dp=dp,
+            dpsgd_step=str(cfg.dpsgd_step),
         )
 
     def _pretrain_settings(self) -> dict[str, Any]:
