@@ -164,7 +164,8 @@ def _dpsgd_outputs(eps: float, delta: float, trials: int, noise: NoiseSource, *,
     n = 0
     eye = torch.eye(dim) * clip
     fake = torch.from_numpy(np.random.default_rng(noise.seed + 2).standard_normal((4, dim)).astype(np.float32))
-    fake_term = (fake.sum(0) / clip).double().numpy()  # its gradient in the released units: sum / half * half / clip
+    mean = fake.sum(0).double() / half  # the fake rows' mean gradient, which split_dp_step clips as a whole to clip
+    fake_term = (mean * min(1.0, clip / float(mean.norm())) * half / clip).numpy()  # in the released units
 
     def released(step: Callable[[], None]) -> np.ndarray:
         before = layer.weight.detach().clone()
