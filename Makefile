@@ -49,7 +49,7 @@ bench:
 # CUDA). Writes gpu-check.json/.md into $OUT or here. A GPU machine without a venv uses its own python3.
 GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 gpu-check:
-	PYTHONPATH=$(CURDIR) $(GPU_PY) benchmarks/gpu_check.py
+	PYTHONPATH=$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH)) $(GPU_PY) benchmarks/gpu_check.py
 
 # The pure-Python wheels gpu-check needs on a machine that has torch, lightning, sklearn, scipy, torchmetrics and
 # safetensors but not the rest (no network there), pinned as in the tested venv (antlr4 4.9.3 exists only as an

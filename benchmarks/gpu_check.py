@@ -755,8 +755,12 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     deadline = start + args.limit
 
-    import torch  # the only heavy import before the CUDA check
-
+    try:
+        import torch  # the only heavy import before the CUDA check
+    except ImportError as e:
+        print(NO_CUDA)
+        print(f"(torch is not importable: {e})", file=sys.stderr)
+        return 3
     if args.device == "cuda" and not torch.cuda.is_available():
         print(NO_CUDA)
         return 3
