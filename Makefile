@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 PROFILE ?= embedded
 
-.PHONY: install data test test-full bench reproduce-tables clean
+.PHONY: install data test test-full bench gpu-check gpu-check-wheels reproduce-tables clean
 
 install: $(BIN)/python data
 	# torch and torchvision pinned together: other pairs fail to import together (see README)
@@ -44,6 +44,21 @@ bench:
 	$(BIN)/python benchmarks/metrics_fidelity.py
 	$(BIN)/python benchmarks/pe_histogram.py
 	$(BIN)/python benchmarks/teachers.py
+
+# One short check of every method, paper profile and speed ratio on a GPU (benchmarks/gpu_check.py; exits 3 without
+# CUDA). Writes gpu-check.json/.md into $OUT or here. A GPU machine without a venv uses its own python3.
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:
+	PYTHONPATH=$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH)) $(GPU_PY) benchmarks/gpu_check.py
+
+# The pure-Python wheels gpu-check needs on a machine that has torch, lightning, sklearn, scipy, torchmetrics and
+# safetensors but not the rest (no network there), pinned as in the tested venv (antlr4 4.9.3 exists only as an
+# sdist: the second download takes it): carried in .whl/, installed with
+# pip install --no-index --no-deps --target /tmp/site .whl/*.whl, then PYTHONPATH=/tmp/site:. make gpu-check
+GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 opacus==1.6.0 dp-accounting==0.6.0
+gpu-check-wheels:
+	$(BIN)/pip download --no-deps --only-binary=:all: -d .whl $(GPU_WHEELS) || \
+		$(BIN)/pip download --no-deps -d .whl $(GPU_WHEELS)
 
 # PROFILE=embedded|quick|paper; DRY=1 lists the cells, the finished ones and the time the rest will take, runs nothing.
 # After the sweeps: the runs' metrics go to experiments/<paper>/results.csv (kept in the repo), then the claims.

@@ -23,6 +23,7 @@ from torch.nn import functional as F
 
 from dpsyn.nets.dcgan import CondDCGANDiscriminator
 from dpsyn.nets.ensemble import CondConvTeacher, CondMLPTeacher, TeacherEnsemble
+from dpsyn.testing import assert_close_but_for_kinks
 
 
 def make_teacher(arch: str, width: int) -> Callable[[], nn.Module]:
@@ -76,8 +77,11 @@ def bench(n: int, args: argparse.Namespace, device: torch.device) -> dict[str, f
             out.append(g)
         return torch.stack(out)
 
-    # the two agree before timing (same weights, same inputs)
-    torch.testing.assert_close(ens.input_gradients(fake_x, fake_y), loop_grads(), rtol=1e-4, atol=1e-6)
+    # the two agree before timing (same weights, same inputs), but for the rare element where float32 rounding puts
+    # a pre-activation on the other side of a LeakyReLU kink in one of the two orders of operations (seen at 2000
+    # teachers: 99 of 25,088,000 elements, one pre-activation of 4.6e-9)
+    assert_close_but_for_kinks(ens.input_gradients(fake_x, fake_y), loop_grads(), rtol=1e-4, atol=1e-6,
+                               what=f"input gradients of {n} teachers, vectorised vs loop")
     r = args.repeats
     t = {
         "loop_train": median_time(loop_train, r, device),

@@ -14,6 +14,7 @@ from dpsyn.methods import g_pate
 from dpsyn.methods.g_pate import aggregate_votes, bin_centres, dp_grad_agg, random_projections, teacher_votes
 from dpsyn.nets.dcgan import CondDCGANDiscriminator
 from dpsyn.nets.ensemble import CondConvTeacher, CondMLPTeacher, TeacherEnsemble, TeacherPartitions
+from dpsyn.testing import assert_close_but_for_kinks
 from tests.conftest import crash_on_call
 
 ARCHS = {
@@ -52,7 +53,7 @@ def test_vectorised_ensemble_equals_a_loop_over_the_same_modules(arch: str, chun
         want.append(torch.autograd.grad(loss, xx)[0])
     got = ens.input_gradients(xs, ys)
     assert got.shape == (n, b, 1, 28, 28)
-    torch.testing.assert_close(got, torch.stack(want), rtol=1e-4, atol=1e-8)
+    assert_close_but_for_kinks(got, torch.stack(want), rtol=1e-4, atol=1e-8, what="input gradients")
 
     # one train step = each teacher's own Adam step on its own loss
     losses = ens.train_step(x, y, xs, ys)
@@ -64,6 +65,49 @@ def test_vectorised_ensemble_equals_a_loop_over_the_same_modules(arch: str, chun
         loss.backward()
         opt.step()
         torch.testing.assert_close(_flat(ens.teacher(i)), _flat(m), rtol=1e-4, atol=1e-5)  # Adam moves each weight by ~lr = 1e-3
+
+
+def test_the_gradient_check_tolerates_a_kink_flip_but_not_a_wrong_gradient() -> None:
+    """The robust comparison of benchmarks/teachers.py (and of the test above): a pre-activation rounded to the other
+    side of a LeakyReLU kink changes one (teacher, sample) slice by the slope difference; that passes. A wrong teacher,
+    a wrong sign or a dropped sample, and more flipped slices than the allowance, fail."""
+    g = torch.Generator().manual_seed(0)
+    # 16000 (teacher, sample) slices of 784 input-gradient elements (the benchmark: 2000 teachers x 16 samples)
+    w = torch.randn(16000, 784, generator=g)
+    pre = torch.full((16000, 1), 1e-3)
+    pre[1817] = 4.6e-9  # one pre-activation at the kink
+
+    def grads(pre_activation: torch.Tensor) -> torch.Tensor:
+        x = pre_activation.clone().requires_grad_(True)
+        (gx,) = torch.autograd.grad(F.leaky_relu(x, 0.2).sum(), x)
+        return gx * w  # the slope (1 or 0.2) scales everything behind the unit
+
+    want = grads(pre)
+    flipped = pre.clone()
+    flipped[1817] = -4.6e-9  # the other order of operations rounded it below 0
+    got = grads(flipped)
+    with pytest.raises(AssertionError):  # the strict check of before: a crash on rounding
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert assert_close_but_for_kinks(got, want) == int((got != want).sum()) > 0
+    assert assert_close_but_for_kinks(want, want, max_fraction=0) == 0
+
+    with pytest.raises(AssertionError, match="elements differ"):
+        assert_close_but_for_kinks(got, want, max_fraction=0)
+    with pytest.raises(AssertionError, match="elements differ"):
+        assert_close_but_for_kinks(-want, want)  # wrong sign
+    with pytest.raises(AssertionError, match="elements differ"):
+        assert_close_but_for_kinks(want.roll(1, dims=0), want)  # each slice compared with its neighbour's
+    many = pre.clone()
+    many[:10] = -4.6e-9  # ten flipped slices: 7840 elements, beyond 1e-4 of 12.5M
+    with pytest.raises(AssertionError, match="allowed: 1254"):
+        assert_close_but_for_kinks(grads(many), want)
+    with pytest.raises(AssertionError, match="shapes differ"):
+        assert_close_but_for_kinks(want[1:], want)
+    nan = want.clone()
+    nan[0, 0] = float("nan")
+    assert assert_close_but_for_kinks(nan, nan, max_fraction=0) == 0
+    with pytest.raises(AssertionError):
+        assert_close_but_for_kinks(nan, want, max_fraction=0)
 
 
 def test_partitions_are_disjoint_and_each_teacher_samples_only_its_own() -> None:
