@@ -657,17 +657,9 @@ def ratio_dpsgd_check(env: Env) -> dict[str, Any]:
     bench = load_benchmark("dpsgd_step")
     batch, steps = env.sizes["dpsgd_batch"], env.sizes["dpsgd_steps"]
     out: dict[str, Any] = {"batch": batch, "steps": steps}
-    # dpsgd_step builds its tensors and modules on torch's default device: set it for make_step and the steps
-    with torch.device(env.device):
-        step = bench.make_step("plain", batch)
-        plain = bench.time_step(lambda: (step(), _sync(env.device)), steps)
-        out["plain_ms"] = plain * 1e3
-        for mode in ("hooks", "functorch", "split"):
-            try:
-                step = bench.make_step(mode, batch)
-                out[f"{mode}_x"] = bench.time_step(lambda: (step(), _sync(env.device)), steps) / plain
-            except Exception as e:  # noqa: BLE001 - a mode the benchmark does not offer (any more)
-                out[f"{mode}_x"] = f"not run: {type(e).__name__}: {e}"
+    # every DP-SGD construction and per-sample engine dpsgd_step offers, each / a plain step, on the device
+    out.update(bench.ratios(batch, steps, device=env.device))
+    out["default"] = "/".join(bench.default_mode())
     return out
 
 
@@ -768,7 +760,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     header = {
         "device": args.device, "mode": "full sizes" if args.device == "cuda" else "CPU, smallest sizes",
-        "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu",
+        "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else load_benchmark("dpsgd_step").cpu_model(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "state": "running", "limit_s": args.limit,
         "torch": torch.__version__, "python": platform.python_version(),
     }
