@@ -1,4 +1,4 @@
-"""Benchmark: PE's DP nearest-neighbour histogram step, dpsyn against microsoft/DPSDA's, on the same embeddings.
+"""Benchmark: PE's DP nearest-neighbour histogram step: exact against approximate search, and against DPSDA's.
 
 What is timed, on each side, is one histogram step of PE (Lin et al. 2023, Alg. 2): the lookahead embedding of the
 synthetic samples (the mean embedding of k variations; k = 0: their own embedding), every private sample's vote for
@@ -7,7 +7,11 @@ counting, the Gaussian noise and the threshold. The "variation API" and the "emb
 a variation hands back precomputed random embeddings (seeded; the same arrays for both), so no generative model or
 feature extractor is timed.
 
-- dpsyn: ``PE._lookahead_embedding`` (with a stand-in API and embedder) then ``dp_nn_histogram``.
+- dpsyn: ``PE._lookahead_embedding`` (with a stand-in API and embedder) then ``dp_nn_histogram``, once per
+  ``method.nn_index`` in ``--nn-index`` (default: ``flat``, faiss's exact search, and ``ivf``; ``hnsw`` on request).
+  Each approximate index's line gives its speed-up over ``flat`` in the same run and how far its clean (noise-free)
+  histogram is from the exact one: the fraction of private samples whose vote lands on the same synthetic sample, the
+  overlap of the top ``--top-k`` voted candidates (ties broken by index), and the fraction of votes that moved.
 - DPSDA (``--dpsda DIR``, a scratch checkout of github.com/microsoft/DPSDA): ``pe.histogram.NearestNeighbors``'s
   ``compute_histogram``, ``pe.dp.Gaussian.add_noise`` and ``PEPopulation``'s threshold (``_post_process_histogram``),
   with stand-ins that follow DPSDA's interfaces (``compute_embedding(data)`` fills the embedding column of the data
@@ -16,13 +20,19 @@ feature extractor is timed.
   by adding them to dpsyn. The private embeddings are computed before the timing on both sides (both runners embed
   the private set once).
 
-The repeats alternate the two sides (dpsyn first on even repeats) after one untimed warm-up each; the table gives the
-best and median seconds and the ratio dpsyn / DPSDA (below 1: dpsyn faster). The clean (noise-free) histograms of the
+The repeats rotate the order of the sides (each index of dpsyn, DPSDA) after one untimed warm-up each; the table gives
+the best and median seconds and the ratio dpsyn / DPSDA (below 1: dpsyn faster). The clean (noise-free) histograms of the
 two sides are compared: with exact search they agree up to near-ties, which the float32 vs float64 averaging of the
 lookahead embeddings can flip.
 
+``--data gaussian`` (the default) draws the embeddings i.i.d. standard normal: no structure at all, the hardest case
+for an approximate index (nearest and 50th-nearest are almost equally far). ``--data clustered`` draws them on a
+16-dimensional subspace plus small noise, closer to image features (the public encoder's are of low intrinsic
+dimension): there the approximate votes agree far more with the exact ones.
+
 Usage: python benchmarks/pe_histogram.py [--n-private 50000] [--n-synthetic 50000] [--dim 64] [--lookahead 0 8]
-       [--repeats 3] [--threads 1] [--clock wall|cpu] [--dpsda /tmp/dpsda]
+       [--nn-index flat ivf] [--data gaussian|clustered] [--top-k 1000] [--repeats 3] [--threads 1]
+       [--clock wall|cpu] [--dpsda /tmp/dpsda]
 Getting DPSDA (into a scratch folder, never into this repo), e.g.:
   git clone https://github.com/microsoft/DPSDA /tmp/dpsda
   .venv/bin/python -m venv /tmp/dpsda-venv        # a scratch venv that also sees dpsyn's (.venv), through a .pth:
@@ -35,6 +45,7 @@ Getting DPSDA (into a scratch folder, never into this repo), e.g.:
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
 import sys
 import time
@@ -44,22 +55,29 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from dpsyn.methods.pe.histogram import dp_nn_histogram, faiss
+from dpsyn.methods.pe.histogram import dp_nn_histogram, faiss, nearest_neighbours
 from dpsyn.methods.pe.method import PE
 from dpsyn.privacy import dp_numpy_generator
 
 SIGMA = 5.0  # noise multiplier and threshold: their values do not change the cost
 THRESHOLD = 10.0
-BACKEND = "auto"  # faiss IndexFlatL2 on both sides (DPSDA's "auto" tries faiss first too)
+BACKEND = "auto"  # faiss on both sides (DPSDA's "auto" tries faiss first too); IndexFlatL2 on DPSDA's
 
 
 class Embeddings:
     """The seeded stand-in embeddings: private (n, d), synthetic (m, d) and ``k`` variations (k, m, d) of it."""
 
-    def __init__(self, n_private: int, n_synthetic: int, dim: int, max_lookahead: int, seed: int = 0) -> None:
+    def __init__(self, n_private: int, n_synthetic: int, dim: int, max_lookahead: int, seed: int = 0,
+                 data: str = "gaussian") -> None:
         rng = np.random.default_rng(seed)
-        self.private = rng.standard_normal((n_private, dim), dtype=np.float32)
-        self.synthetic = rng.standard_normal((n_synthetic, dim), dtype=np.float32)
+        if data == "gaussian":
+            self.private = rng.standard_normal((n_private, dim), dtype=np.float32)
+            self.synthetic = rng.standard_normal((n_synthetic, dim), dtype=np.float32)
+        else:  # a 16-d subspace (random linear map) plus noise of 0.1 per coordinate
+            basis = rng.standard_normal((min(16, dim), dim), dtype=np.float32)
+            self.private, self.synthetic = (
+                rng.standard_normal((n, len(basis)), dtype=np.float32) @ basis
+                + 0.1 * rng.standard_normal((n, dim), dtype=np.float32) for n in (n_private, n_synthetic))
         noise = [rng.standard_normal(self.synthetic.shape, dtype=np.float32) for _ in range(max_lookahead)]
         self.variations = np.stack([self.synthetic + 0.5 * z for z in noise]) if noise else np.zeros(
             (0, n_synthetic, dim), np.float32)
@@ -82,11 +100,17 @@ class _DpsynStandinAPI:
         return SimpleNamespace(x=self.calls - 1)
 
 
-def dpsyn_step(emb: Embeddings, lookahead: int, rng: np.random.Generator) -> Any:
-    """dpsyn's histogram step: ``PE._lookahead_embedding`` (its own code, on a stand-in PE) then ``dp_nn_histogram``."""
+def lookahead_embedding(emb: Embeddings, lookahead: int) -> np.ndarray:
+    """``PE._lookahead_embedding`` (its own code) on a stand-in PE whose variations are the precomputed arrays."""
     pe = SimpleNamespace(lookahead=lookahead, api=_DpsynStandinAPI(), _generator=lambda *parts: None)
-    syn_emb = PE._lookahead_embedding(pe, SimpleNamespace(x="synthetic"), 0.5, emb.array, 0)
-    return dp_nn_histogram(emb.private, syn_emb, noise_multiplier=SIGMA, threshold=THRESHOLD, rng=rng, backend=BACKEND)
+    return PE._lookahead_embedding(pe, SimpleNamespace(x="synthetic"), 0.5, emb.array, 0)
+
+
+def dpsyn_step(emb: Embeddings, lookahead: int, rng: np.random.Generator, nn_index: str = "flat") -> Any:
+    """dpsyn's histogram step: the lookahead embedding then ``dp_nn_histogram`` with ``nn_index``."""
+    syn_emb = lookahead_embedding(emb, lookahead)
+    return dp_nn_histogram(emb.private, syn_emb, noise_multiplier=SIGMA, threshold=THRESHOLD, rng=rng, backend=BACKEND,
+                           nn_index=nn_index)
 
 
 # ---------------------------------------------------------------------------------------------------------- DPSDA
@@ -224,12 +248,40 @@ def compare(ours: Any, theirs: Any, pe: SimpleNamespace, ours_syn: np.ndarray) -
     return f"{same}; lookahead emb max|diff| {emb_diff:.1e}"
 
 
+def agreement(emb: Embeddings, lookahead: int, exact: Any, approx: Any, nn_index: str, top_k: int) -> str:
+    """How far the approximate index's clean histogram is from the exact one (the same synthetic embeddings)."""
+    syn_emb = lookahead_embedding(emb, lookahead)
+    ids_exact = nearest_neighbours(emb.private, syn_emb, backend=BACKEND, nn_index="flat")[:, 0]
+    ids_approx = nearest_neighbours(emb.private, syn_emb, backend=BACKEND, nn_index=nn_index)[:, 0]
+    a, b = np.asarray(exact.clean), np.asarray(approx.clean)
+    top = [set(np.argsort(-c, kind="stable")[:top_k].tolist()) for c in (a, b)]
+    return (f"same vote {np.mean(ids_exact == ids_approx):.3f}, top-{top_k} overlap {len(top[0] & top[1]) / top_k:.3f}, "
+            f"votes moved {np.abs(a - b).sum() / 2 / a.sum():.3f}")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-private", type=int, default=50_000)
     ap.add_argument("--n-synthetic", type=int, default=50_000)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--lookahead", type=int, nargs="+", default=[0, 8], help="lookahead degrees to time (0: none)")
+    ap.add_argument("--nn-index", nargs="+", default=["flat", "ivf"], choices=["flat", "ivf", "hnsw"],
+                    help="dpsyn's method.nn_index values to time (flat, the exact search, is always timed)")
+    ap.add_argument("--data", choices=["gaussian", "clustered"], default="gaussian",
+                    help="i.i.d. normal embeddings (no structure: the hardest case for an approximate index) or "
+                         "embeddings on a 16-d subspace (closer to image features)")
+    ap.add_argument("--top-k", type=int, default=1000, help="top voted candidates compared between exact and approximate")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="faiss/torch/BLAS threads (0: leave the defaults)")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
@@ -245,40 +297,44 @@ def main() -> None:
         except ImportError as e:
             print(f"DPSDA not importable from {args.dpsda} ({e}): timing dpsyn only")
 
-    emb = Embeddings(args.n_private, args.n_synthetic, args.dim, max(args.lookahead))
+    emb = Embeddings(args.n_private, args.n_synthetic, args.dim, max(args.lookahead), data=args.data)
+    indexes = ["flat"] + [i for i in dict.fromkeys(args.nn_index) if i != "flat"]
+    if faiss is None:
+        indexes = ["flat"]
     threads = faiss.omp_get_max_threads() if faiss is not None else torch.get_num_threads()
-    search = "faiss IndexFlatL2" if faiss is not None else "torch matmul top-1"
+    simd = faiss.get_compile_options() if faiss is not None else "-"
+    print(f"CPU: {cpu_model()} ({platform.machine()}), {threads} thread(s); faiss {getattr(faiss, '__version__', '-')} "
+          f"({simd})")
     print(f"PE DP-NN histogram step: {args.n_private} private x {args.n_synthetic} synthetic x {args.dim}-d, "
-          f"{search}, {threads} thread(s), {args.clock} clock, best / median of {args.repeats}")
-    if pe is None:
-        print(f"  {'lookahead':<10} {'dpsyn best':>11} {'median':>8}")
-    else:
-        print(f"  {'lookahead':<10} {'dpsyn best':>11} {'median':>8} {'DPSDA best':>11} {'median':>8} "
-              f"{'ours/theirs best':>17} {'median':>7}   clean histograms")
+          f"{args.data} embeddings, {args.clock} clock, best / median of {args.repeats}")
     rng = dp_numpy_generator()  # dpsyn's DP noise generator, as PE uses it (OS entropy)
     for k in args.lookahead:
-        ours_fn = lambda: dpsyn_step(emb, k, rng)  # noqa: E731
+        ours_fns = {idx: (lambda idx=idx: dpsyn_step(emb, k, rng, idx)) for idx in indexes}
         theirs_fn = make_dpsda_step(pe, emb, k) if pe is not None else None
-        _, ours_out = timed(ours_fn)  # warm-up
+        outs = {idx: timed(fn)[1] for idx, fn in ours_fns.items()}  # warm-up (and the histograms compared below)
         if theirs_fn is not None:
             _, theirs_out = timed(theirs_fn, theirs_fn.prepare)
-        ours_t, theirs_t = [], []
+        sides = list(indexes) + (["DPSDA"] if theirs_fn is not None else [])
+        times: dict[str, list[float]] = {side: [] for side in sides}
         for r in range(args.repeats):
-            order = [0, 1] if r % 2 == 0 else [1, 0]
-            for side in order:
-                if side == 0:
-                    ours_t.append(timed(ours_fn, clock=args.clock)[0])
-                elif theirs_fn is not None:
-                    theirs_t.append(timed(theirs_fn, theirs_fn.prepare, args.clock)[0])
-        ob, om = min(ours_t), statistics.median(ours_t)
-        if theirs_fn is None:
-            print(f"  {k:<10} {ob:10.3f}s {om:7.3f}s")
-            continue
-        tb, tm = min(theirs_t), statistics.median(theirs_t)
-        pe_self = SimpleNamespace(lookahead=k, api=_DpsynStandinAPI(), _generator=lambda *parts: None)
-        ours_syn = PE._lookahead_embedding(pe_self, SimpleNamespace(x="synthetic"), 0.5, emb.array, 0)
-        print(f"  {k:<10} {ob:10.3f}s {om:7.3f}s {tb:10.3f}s {tm:7.3f}s {ob / tb:16.2f}x {om / tm:6.2f}x   "
-              f"{compare(ours_out, theirs_out, pe, ours_syn)}")
+            for side in sides[r % len(sides):] + sides[:r % len(sides)]:  # rotate the order between repeats
+                if side == "DPSDA":
+                    times[side].append(timed(theirs_fn, theirs_fn.prepare, args.clock)[0])
+                else:
+                    times[side].append(timed(ours_fns[side], clock=args.clock)[0])
+        fb, fm = min(times["flat"]), statistics.median(times["flat"])
+        print(f"  lookahead {k}:")
+        print(f"    {'dpsyn flat (exact)':<24} {fb:8.3f}s best {fm:8.3f}s median")
+        for idx in indexes[1:]:
+            b, m = min(times[idx]), statistics.median(times[idx])
+            print(f"    {'dpsyn ' + idx:<24} {b:8.3f}s best {m:8.3f}s median   speed-up vs flat {fb / b:.2f}x best, "
+                  f"{fm / m:.2f}x median; clean histogram vs exact: "
+                  f"{agreement(emb, k, outs['flat'], outs[idx], idx, args.top_k)}")
+        if theirs_fn is not None:
+            tb, tm = min(times["DPSDA"]), statistics.median(times["DPSDA"])
+            print(f"    {'DPSDA (exact)':<24} {tb:8.3f}s best {tm:8.3f}s median   dpsyn flat / DPSDA {fb / tb:.2f}x best, "
+                  f"{fm / tm:.2f}x median; clean histograms: "
+                  f"{compare(outs['flat'], theirs_out, pe, lookahead_embedding(emb, k))}")
     if pe is None:
         print("For the ratio against microsoft/DPSDA's histogram, put a checkout of it in a scratch folder outside "
               "this repo (e.g. /tmp/dpsda) and rerun with --dpsda /tmp/dpsda, from an interpreter that also has pandas "

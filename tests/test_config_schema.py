@@ -135,6 +135,7 @@ def test_schema_choices_match_the_methods_constants() -> None:
     from dpsyn.methods.pe.histogram import SELECTIONS
     from dpsyn.methods.pe.method import CLASS_PROPORTIONS, EMBEDDINGS
     from dpsyn.methods.public_baselines import OTHER_CLASSES
+    from dpsyn.nn_index import KINDS as NN_INDEXES
     from dpsyn.privacy import CALIBRATIONS
 
     def choices(cls: type, name: str) -> set:
@@ -145,7 +146,8 @@ def test_schema_choices_match_the_methods_constants() -> None:
     assert choices(schema.DPMGESchema, "class_counts") == set(CLASS_COUNTS)
     assert choices(schema.DPMGESchema, "calibration") == set(CALIBRATIONS)
     pe = {"backend": BACKENDS, "condition": CONDITIONS, "knn_backend": KNN_BACKENDS, "selection": SELECTIONS,
-          "class_proportions": CLASS_PROPORTIONS, "embedding": EMBEDDINGS, "other_classes": OTHER_CLASSES}
+          "class_proportions": CLASS_PROPORTIONS, "embedding": EMBEDDINGS, "other_classes": OTHER_CLASSES,
+          "nn_index": NN_INDEXES}
     for name, allowed in pe.items():
         assert choices(schema.PESchema, name) == set(allowed), name
     for cls in (schema.DPDRESchema, schema.PublicUniformSchema):

@@ -14,7 +14,7 @@ import torch
 from dpsyn.methods.pe import api as pe_api
 from dpsyn.methods.pe import method as pe_method
 from dpsyn.methods.pe.api import DiffusionAPI, Population
-from dpsyn.methods.pe.histogram import dp_nn_histogram, nn_counts, select_parents
+from dpsyn.methods.pe.histogram import dp_nn_histogram, nearest_neighbours, nn_counts, select_parents
 from dpsyn.methods.pe.method import class_sizes, pe_noise_multiplier
 from dpsyn.privacy import dp_numpy_generator, gdp_epsilon
 from tests.conftest import run_context
@@ -37,11 +37,11 @@ def _brute_force_counts(priv: np.ndarray, syn: np.ndarray, priv_y=None, syn_y=No
 # ------------------------------------------------------------------------------------------------- histogram
 
 
-@pytest.mark.parametrize("backend", ["faiss", "torch"])
-def test_histogram_equals_brute_force_count(backend: str) -> None:
+@pytest.mark.parametrize("backend,nn_index", [("faiss", "flat"), ("faiss", "auto"), ("torch", "flat"), ("torch", "auto")])
+def test_histogram_equals_brute_force_count(backend: str, nn_index: str) -> None:
     rng = np.random.default_rng(0)
     priv, syn = rng.normal(size=(300, 8)), rng.normal(size=(40, 8))
-    counts = nn_counts(priv, syn, backend=backend)
+    counts = nn_counts(priv, syn, backend=backend, nn_index=nn_index)  # flat (and auto at this size) stay exact
     np.testing.assert_array_equal(counts, _brute_force_counts(priv, syn))
     assert counts.sum() == 300
 
@@ -68,6 +68,110 @@ def test_histogram_has_l2_sensitivity_one() -> None:
         base = nn_counts(priv, syn, num_nearest=k)
         plus = nn_counts(np.vstack([priv, rng.normal(size=(1, 5))]), syn, num_nearest=k)
         assert np.linalg.norm(plus - base) == pytest.approx(1.0)  # neighbours: add one private sample
+
+
+def _clustered(seed: int, n_syn: int = 2000, n_priv: int = 3000, clusters: int = 20, d: int = 16):
+    """Private and synthetic rows around the same well-separated centres (6 sd apart per axis), with their clusters."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(clusters, d)) * 6
+    syn_y, priv_y = np.arange(n_syn) % clusters, rng.integers(0, clusters, n_priv)
+    return centres[priv_y] + rng.normal(size=(n_priv, d)), centres[syn_y] + rng.normal(size=(n_syn, d)), syn_y
+
+
+@pytest.fixture
+def one_faiss_thread():
+    """faiss builds HNSW graphs in parallel, in an order that varies between builds; one thread makes two builds on the
+    same rows the same index, which the sensitivity test compares (the privacy argument does not need it)."""
+    faiss = pytest.importorskip("faiss")
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)
+
+
+@pytest.mark.parametrize("nn_index", ["flat", "ivf", "hnsw"])
+def test_approximate_index_sees_the_synthetic_rows_only(nn_index: str, monkeypatch) -> None:
+    """The privacy argument of the approximate indexes (histogram.py's docstring): every array faiss trains or fills an
+    index with is the synthetic embeddings (or, conditional, a class's part of them); no private row ever reaches it."""
+    faiss = pytest.importorskip("faiss")
+    seen: list[tuple[str, np.ndarray]] = []
+    for cls in (faiss.IndexFlatL2, faiss.IndexIVFFlat, faiss.IndexHNSWFlat):
+        for name in ("train", "add"):
+            original = getattr(cls, name)
+
+            def spy(self, x, *args, _original=original, _what=f"{cls.__name__}.{name}", **kwargs):
+                seen.append((_what, np.array(x, copy=True)))
+                return _original(self, x, *args, **kwargs)
+
+            monkeypatch.setattr(cls, name, spy)
+    priv, syn, syn_y = _clustered(0, n_syn=600, n_priv=900)
+    priv_y = np.random.default_rng(1).integers(0, 20, len(priv))
+    nn_counts(priv, syn, nn_index=nn_index)
+    nn_counts(priv, syn, private_labels=priv_y, synthetic_labels=syn_y, nn_index=nn_index)
+    expected_kind = {"flat": "IndexFlatL2", "ivf": "IndexIVFFlat", "hnsw": "IndexHNSWFlat"}[nn_index]
+    assert any(what.startswith(expected_kind) for what, _ in seen), [what for what, _ in seen]
+    syn32, priv32 = syn.astype(np.float32), priv.astype(np.float32)
+    syn_rows = {row.tobytes() for row in syn32}
+    for what, x in seen:
+        rows = {row.tobytes() for row in x}
+        assert rows <= syn_rows, f"{what} saw rows that are not synthetic"
+        assert not rows & {row.tobytes() for row in priv32}, f"{what} saw private rows"
+    # unconditional: the whole synthetic set, in order (the index's ids are the population's)
+    assert any(x.shape == syn32.shape and np.array_equal(x, syn32) for what, x in seen if what.endswith(".add"))
+
+
+@pytest.mark.parametrize("nn_index", ["ivf", "hnsw"])
+def test_approximate_histogram_keeps_sensitivity_one(nn_index: str, one_faiss_thread) -> None:
+    """Adding one private row adds its own vote(s) and moves no other: what the index depends on is unchanged. An index
+    trained or filled with private rows would fail this (one more row moves the k-means cells or the graph)."""
+    priv, syn, _ = _clustered(2, n_syn=1500, n_priv=2000)
+    extra = np.random.default_rng(3).normal(size=(5, priv.shape[1])) * 6
+    base = nn_counts(priv, syn, nn_index=nn_index)
+    assert base.sum() == len(priv)  # every private row voted (none lost to an empty IVF cell)
+    for row in extra:
+        plus = nn_counts(np.vstack([priv, row]), syn, nn_index=nn_index)
+        diff = plus - base
+        assert np.count_nonzero(diff) == 1 and diff.sum() == 1.0, nn_index
+    for k in (1, 4):  # num_nearest = k: k counts move by 1/sqrt(k), L2 norm 1
+        base = nn_counts(priv, syn, num_nearest=k, nn_index=nn_index)
+        plus = nn_counts(np.vstack([priv, extra[:1]]), syn, num_nearest=k, nn_index=nn_index)
+        assert np.linalg.norm(plus - base) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("nn_index,min_vote", [("ivf", 0.8), ("hnsw", 0.9)])
+def test_approximate_votes_agree_with_the_exact_search(nn_index: str, min_vote: float) -> None:
+    """On a clustered problem the approximate index's votes mostly land on the exact nearest sample (measured here:
+    ivf 0.95, hnsw 1.0), always within the right cluster, and the most-voted candidates are mostly the same (measured:
+    ivf 0.89-0.91 of the top 100, hnsw 1.0). The bounds leave wide margins for other CPUs and thread counts."""
+    pytest.importorskip("faiss")
+    for seed in (0, 1):
+        priv, syn, syn_y = _clustered(seed)
+        exact = nearest_neighbours(priv, syn, nn_index="flat")[:, 0]
+        approx = nearest_neighbours(priv, syn, nn_index=nn_index)[:, 0]
+        assert np.mean(approx == exact) >= min_vote
+        assert np.mean(syn_y[approx] == syn_y[exact]) >= 0.99
+        c_exact, c_approx = (np.bincount(ids, minlength=len(syn)) for ids in (exact, approx))
+        top = [set(np.argsort(-c, kind="stable")[:100].tolist()) for c in (c_exact, c_approx)]
+        assert len(top[0] & top[1]) >= 70
+
+
+def test_approximate_search_always_returns_k_neighbours() -> None:
+    """k larger than what nprobe IVF cells hold: the short queries are searched again exactly (no -1 ids, no lost
+    votes)."""
+    pytest.importorskip("faiss")
+    priv, syn, _ = _clustered(4, n_syn=800, n_priv=200)
+    ids = nearest_neighbours(priv, syn, k=150, nn_index="ivf")
+    assert ids.min() >= 0 and all(len(set(row)) == 150 for row in ids.tolist())
+    assert nn_counts(priv, syn, num_nearest=150, nn_index="ivf").sum() == pytest.approx(len(priv) * 150 / math.sqrt(150))
+
+
+def test_nn_index_choices_and_errors() -> None:
+    rng = np.random.default_rng(5)
+    priv, syn = rng.normal(size=(30, 4)), rng.normal(size=(10, 4))
+    with pytest.raises(ValueError, match="needs faiss; method.knn_backend=torch"):
+        nn_counts(priv, syn, backend="torch", nn_index="ivf")
+    with pytest.raises(ValueError, match=r"method.nn_index='annoy'; allowed: auto, flat, ivf, hnsw"):
+        nn_counts(priv, syn, nn_index="annoy")
 
 
 def test_threshold_and_noise_are_as_specified() -> None:

@@ -319,6 +319,7 @@ class PESchema(MethodSchema):
     public_pool: Optional[int] = f(None, **POSITIVE)
     other_classes: str = f("nearest", choices=("nearest", "exclude"))
     knn_backend: str = f("auto", choices=("auto", "faiss", "torch"))
+    nn_index: str = f("auto", choices=("auto", "flat", "ivf", "hnsw"))
     monitor: bool = True
     checkpoint: bool = True
 

@@ -9,7 +9,8 @@ then samples an image whose features lie near ``v``; paper 000 decodes DP-estima
 * :class:`InstanceConditionedGenerator` / :class:`InstanceConditionedDiscriminator`: small DCGAN-like nets for
   28x28 grey images, the embedded stand-in trained by :func:`train_icgan` on ``fmnist_public`` (a few CPU minutes).
   The discriminator is a projection discriminator (Miyato & Koyama 2018), as in IC-GAN's BigGAN backbone.
-* :func:`knn_indices`: the neighbourhoods, with faiss's exact ``IndexFlatIP`` when faiss is importable.
+* :func:`knn_indices`: the neighbourhoods, with faiss's exact ``IndexFlatIP`` when faiss is importable (on a GPU when
+  faiss has one: :mod:`dpsyn.nn_index` makes that choice for every faiss search of dpsyn).
 * :class:`ICGANGenerator`: a released IC-GAN (BigGAN backbone) loaded through the user's ic_gan checkout.
 
 The training step (:class:`dpsyn.lit.icgan.ICGANModule`) lives with the other LightningModules in ``dpsyn.lit``.
@@ -34,10 +35,9 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from dpsyn.lit.icgan import ICGANModule
 
-try:  # faiss-cpu, optional: exact inner-product search, faster than a matmul on large public sets
-    import faiss
-except ImportError:  # not a dependency of dpsyn (no wheel for every platform); torch's matmul + top-k is exact too
-    faiss = None
+# faiss (exact inner-product search, faster than a matmul on large public sets) is None where it is not importable
+# (no wheel for every platform); torch's matmul + top-k is exact too
+from dpsyn.nn_index import faiss, knn_search
 
 __all__ = [
     "GENERATOR_ARCH_VERSION",
@@ -65,8 +65,8 @@ def knn_indices(features: np.ndarray, k: int, *, backend: str = "auto", batch_si
     Args:
         features: (N, D) float features.
         k: neighbourhood size, 1..N.
-        backend: ``"faiss"`` (``IndexFlatIP``, exact), ``"torch"`` (exact: chunked matmul + top-k) or ``"auto"``
-            (faiss when importable).
+        backend: ``"faiss"`` (``IndexFlatIP``, exact; on a GPU when faiss has one: :func:`dpsyn.nn_index.use_gpu`),
+            ``"torch"`` (exact: chunked matmul + top-k) or ``"auto"`` (faiss when importable).
         batch_size: query rows per chunk (torch backend).
 
     Returns:
@@ -86,10 +86,7 @@ def knn_indices(features: np.ndarray, k: int, *, backend: str = "auto", batch_si
     if backend == "faiss" and faiss is None:
         raise ImportError("backend='faiss' needs faiss: pip install faiss-cpu")
     if backend in ("auto", "faiss") and faiss is not None:
-        index = faiss.IndexFlatIP(feats.shape[1])
-        index.add(feats)
-        _, idx = index.search(feats, int(k))
-        return idx.astype(np.int64)
+        return knn_search(feats, feats, int(k), kind="flat", metric="ip", purpose="IC-GAN neighbourhoods")
     table = torch.from_numpy(feats)
     out = np.empty((n, int(k)), dtype=np.int64)
     with torch.no_grad():

@@ -16,10 +16,25 @@ is one sensitivity-1 Gaussian release with noise multiplier sigma, whatever the 
 votes once, the per-class histograms are disjoint parts of one vector, and the whole is still one release of
 sensitivity 1 (parallel composition).
 
-Search. faiss's exact ``IndexFlatL2`` (a GPU index when faiss has GPUs and the caller asks for one), or torch's exact
-matmul top-1 when faiss is absent: both exact, so they give the same votes up to ties. The counting is
-``np.bincount``. At 50k x 50k x 64-d the exact faiss search is nearly all of the step's time, here and in DPSDA
-(``benchmarks/pe_histogram.py``: 0.95-1.0x DPSDA's time on one thread, identical histograms).
+Search. faiss (:mod:`dpsyn.nn_index`: on a GPU when faiss has one, else the CPU), or torch's exact matmul top-1
+when faiss is absent. ``nn_index`` picks faiss's index: ``flat`` (exact ``IndexFlatL2``: the same votes as torch's
+search up to ties), ``ivf`` or ``hnsw`` (approximate: a vote may land on a near-nearest synthetic sample), ``auto``
+(exact below :data:`dpsyn.nn_index.AUTO_MIN_ROWS` synthetic samples and on a GPU, ``ivf`` above on a CPU). The counting
+is ``np.bincount``. At 50k x 50k x 64-d the exact search is nearly all of the step's time, here and in DPSDA
+(``benchmarks/pe_histogram.py``: exact flat at 0.95-1.0x DPSDA's time on one thread, identical histograms; ``ivf``
+about 3x faster than exact flat).
+
+Why an approximate index keeps sensitivity 1. The sensitivity argument above never used that the vote goes to the
+*nearest* sample: it needs only that each private sample casts exactly one vote (``num_nearest`` weighted votes) and
+that where it goes depends on that sample alone, not on the other private samples. An approximate index meets both
+when it is trained and filled with the synthetic embeddings only: it is then a fixed function of public/synthetic
+data (the population is post-processing of earlier releases), and each private query is searched against it
+independently, so adding or removing one private sample adds or removes its own vote(s) and moves no other. Were the
+index trained on private embeddings (IVF's k-means cells, HNSW's graph), one private sample could move the cells and
+so the votes of many others: the sensitivity would no longer be 1 and the Gaussian release would not be
+(mu = 1/sigma)-GDP. :func:`nearest_neighbours` therefore builds the index from ``synthetic`` only
+(``tests/test_pe.py`` spies on faiss's train/add calls and checks that one added private row changes one count by 1).
+An approximate index changes the utility (votes can land one neighbour off), never the privacy accounting.
 
 DP noise comes from the generator the caller passes (:func:`dpsyn.privacy.dp_numpy_generator`: OS entropy unless
 ``privacy.deterministic_noise``). This module is written from the paper and methods.md, not ported from DPSDA.
@@ -35,10 +50,8 @@ import numpy as np
 
 from dpsyn.privacy import gaussian_mechanism
 
-try:  # faiss-cpu is a dependency; faiss-gpu on GPU machines. torch's exact search is the fallback.
-    import faiss
-except ImportError:  # pragma: no cover - exercised only where faiss is missing
-    faiss = None
+from dpsyn.nn_index import KINDS as NN_INDEXES
+from dpsyn.nn_index import faiss, knn_search  # faiss: None where it is not importable (torch's search then)
 
 log = logging.getLogger(__name__)
 
@@ -47,21 +60,28 @@ SELECTIONS: tuple[str, ...] = ("sample", "rank")
 
 
 def nearest_neighbours(
-    private: np.ndarray, synthetic: np.ndarray, *, k: int = 1, backend: str = "auto", gpu: bool = False,
-    batch_size: int = 8192,
+    private: np.ndarray, synthetic: np.ndarray, *, k: int = 1, backend: str = "auto", gpu: bool | None = None,
+    batch_size: int = 8192, nn_index: str = "flat",
 ) -> np.ndarray:
-    """Indices (n_private, k) of each private row's ``k`` nearest synthetic rows in L2 distance (exact search).
+    """Indices (n_private, k) of each private row's ``k`` nearest synthetic rows in L2 distance.
+
+    Exact with ``nn_index="flat"`` (and with the torch backend); approximate with ``ivf`` / ``hnsw``, whose index is
+    built and trained on ``synthetic`` only (the module docstring says why that keeps sensitivity 1).
 
     Args:
         private: (n, d) float embeddings of the private samples.
         synthetic: (m, d) float embeddings of the synthetic samples (lookahead embeddings when used).
         k: neighbours per private row.
-        backend: ``faiss`` (``IndexFlatL2``), ``torch`` (blocked matmul + top-k) or ``auto`` (faiss when importable).
-        gpu: put the faiss index on a GPU (faiss-gpu) / run torch on CUDA, when available.
+        backend: ``faiss``, ``torch`` (blocked matmul + top-k, exact) or ``auto`` (faiss when importable).
+        gpu: faiss on a GPU / torch on CUDA: None (default) = when available, False = CPU
+            (:func:`dpsyn.nn_index.use_gpu`).
         batch_size: private rows per block of the torch backend.
+        nn_index: faiss's index: ``flat`` (exact), ``ivf``, ``hnsw`` or ``auto`` (:func:`dpsyn.nn_index.resolve_kind`).
 
     Raises:
-        ValueError: on shape mismatches, ``k`` larger than the synthetic set, or an unknown backend.
+        ValueError: on shape mismatches, ``k`` larger than the synthetic set, an unknown backend or index, or an
+            approximate index with the torch backend (it only searches exactly).
+        ImportError: ``backend="faiss"`` or an approximate index without faiss.
     """
     private = np.ascontiguousarray(private, dtype=np.float32)
     synthetic = np.ascontiguousarray(synthetic, dtype=np.float32)
@@ -71,20 +91,22 @@ def nearest_neighbours(
         raise ValueError(f"num_nearest={k} must be between 1 and the number of synthetic samples ({len(synthetic)})")
     if backend not in BACKENDS:
         raise ValueError(f"histogram backend={backend!r}; allowed: {', '.join(BACKENDS)}")
-    if backend == "faiss" and faiss is None:
-        raise ImportError("histogram backend=faiss but faiss is not importable: pip install faiss-cpu (or faiss-gpu)")
+    if nn_index not in NN_INDEXES:
+        raise ValueError(f"method.nn_index={nn_index!r}; allowed: {', '.join(NN_INDEXES)}")
+    if backend == "torch" and nn_index in ("ivf", "hnsw"):
+        raise ValueError(f"method.nn_index={nn_index} needs faiss; method.knn_backend=torch searches exactly "
+                         "(use nn_index=flat or auto, or knn_backend=faiss/auto)")
+    if (backend == "faiss" or nn_index in ("ivf", "hnsw")) and faiss is None:
+        raise ImportError(f"histogram backend={backend}, nn_index={nn_index} needs faiss, which is not importable: "
+                          "pip install faiss-cpu (or the gpu extra: pip install -e .[gpu])")
     if len(private) == 0:
         return np.zeros((0, k), dtype=np.int64)
     if backend in ("auto", "faiss") and faiss is not None:
-        index = faiss.IndexFlatL2(synthetic.shape[1])
-        if gpu and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
-            index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
-        index.add(synthetic)
-        _, ids = index.search(private, k)
-        return ids.astype(np.int64)
+        # the index sees the synthetic rows only (train + add); the private rows are only queries
+        return knn_search(synthetic, private, k, kind=nn_index, metric="l2", gpu=gpu, purpose="PE histogram")
     import torch
 
-    device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
+    device = "cuda" if gpu is not False and torch.cuda.is_available() else "cpu"
     syn = torch.from_numpy(synthetic).to(device)
     syn_sq = (syn * syn).sum(1)
     out = np.empty((len(private), k), dtype=np.int64)
@@ -104,7 +126,8 @@ def nn_counts(
     synthetic_labels: np.ndarray | None = None,
     num_nearest: int = 1,
     backend: str = "auto",
-    gpu: bool = False,
+    gpu: bool | None = None,
+    nn_index: str = "flat",
 ) -> np.ndarray:
     """The clean (noise-free) vote counts of Alg. 2 / Alg. 3: float64 (m,), L2 sensitivity 1.
 
@@ -115,7 +138,8 @@ def nn_counts(
         private, synthetic: (n, d) and (m, d) embeddings.
         private_labels, synthetic_labels: both None (unconditional) or both int arrays (conditional).
         num_nearest: each private row gives ``1/sqrt(num_nearest)`` to each of its ``num_nearest`` nearest rows.
-        backend, gpu: see :func:`nearest_neighbours`.
+        backend, gpu, nn_index: see :func:`nearest_neighbours` (with labels, ``auto`` decides per class on the
+            class's synthetic rows).
     """
     if (private_labels is None) != (synthetic_labels is None):
         raise ValueError("give both private_labels and synthetic_labels (class-conditional PE) or neither")
@@ -123,7 +147,7 @@ def nn_counts(
     counts = np.zeros(m, dtype=np.float64)
     weight = 1.0 / math.sqrt(num_nearest)
     if private_labels is None:
-        ids = nearest_neighbours(private, synthetic, k=num_nearest, backend=backend, gpu=gpu)
+        ids = nearest_neighbours(private, synthetic, k=num_nearest, backend=backend, gpu=gpu, nn_index=nn_index)
         counts += np.bincount(ids.ravel(), minlength=m) * weight
         return counts
     private_labels = np.asarray(private_labels)
@@ -135,7 +159,8 @@ def nn_counts(
         if len(syn_rows) == 0:
             raise ValueError(f"class {c} has private samples but no synthetic sample to vote for")
         priv_rows = np.flatnonzero(private_labels == c)
-        ids = nearest_neighbours(private[priv_rows], synthetic[syn_rows], k=num_nearest, backend=backend, gpu=gpu)
+        ids = nearest_neighbours(private[priv_rows], synthetic[syn_rows], k=num_nearest, backend=backend, gpu=gpu,
+                                nn_index=nn_index)
         counts += np.bincount(syn_rows[ids.ravel()], minlength=m) * weight
     return counts
 
@@ -170,7 +195,8 @@ def dp_nn_histogram(
     synthetic_labels: np.ndarray | None = None,
     num_nearest: int = 1,
     backend: str = "auto",
-    gpu: bool = False,
+    gpu: bool | None = None,
+    nn_index: str = "flat",
 ) -> Histogram:
     """Alg. 2 (Alg. 3 with labels): vote counts, Gaussian noise of std ``noise_multiplier`` on every count, threshold.
 
@@ -190,7 +216,7 @@ def dp_nn_histogram(
     if noise_multiplier > 0 and rng is None:
         raise ValueError("a DP histogram needs its noise generator (rng)")
     clean = nn_counts(private, synthetic, private_labels=private_labels, synthetic_labels=synthetic_labels,
-                      num_nearest=num_nearest, backend=backend, gpu=gpu)
+                      num_nearest=num_nearest, backend=backend, gpu=gpu, nn_index=nn_index)
     noisy = gaussian_mechanism(clean, noise_multiplier, generator=rng) if noise_multiplier > 0 else clean.copy()
     return Histogram(clean=clean, noisy=noisy, thresholded=np.maximum(noisy - threshold, 0.0),
                      noise_multiplier=float(noise_multiplier), threshold=float(threshold))

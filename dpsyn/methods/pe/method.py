@@ -148,6 +148,7 @@ class PE(Method):
         self.embedding = str(cfg.embedding)
         self.selection = str(cfg.selection)
         self.knn_backend = str(cfg.knn_backend)
+        self.nn_index = str(cfg.nn_index)
         self.condition = str(cfg.condition)
         self.class_proportions = str(cfg.class_proportions)
         self.other_classes = str(cfg.other_classes)
@@ -310,7 +311,7 @@ class PE(Method):
                 hist = dp_nn_histogram(
                     priv_emb, syn_emb, noise_multiplier=sigma, threshold=self.threshold, rng=noise_rng,
                     private_labels=priv_labels, synthetic_labels=pop.labels if self.conditional else None,
-                    num_nearest=self.num_nearest, backend=self.knn_backend,
+                    num_nearest=self.num_nearest, backend=self.knn_backend, nn_index=self.nn_index,
                 )
                 thresholded, note_hist = hist.thresholded, ""
                 self._save({"iteration": t, "stage": "histogram", "population": pop.state(),
