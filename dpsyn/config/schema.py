@@ -474,7 +474,10 @@ class PrivacySchema:
 @dataclass
 class TrainerSchema:
     accelerator: str = f("cpu", choices=("cpu", "gpu", "cuda", "mps", "auto"))
-    devices: Any = 1                      # an int, a list or "auto" (Lightning)
+    devices: Any = 1                      # an int, a list or "auto" (Lightning); the number of ranks under ddp
+    # "auto": Lightning's choice for one device; "dpsgd_ddp": multi-process DP-SGD (conf/trainer/ddp.yaml,
+    # dpsyn.lit.ddp), for the methods with Method.supports_ddp
+    strategy: str = f("auto", choices=("auto", "dpsgd_ddp"))
     max_epochs: Optional[int] = f(None, **POSITIVE)
     limit_train_batches: Any = f(None, gt=0)   # an int (batches) or a float fraction (Lightning): kept as given
     enable_progress_bar: bool = True

@@ -22,6 +22,12 @@ The generator only sees the discriminator, so it is post-processing of the discr
 
 Manual optimisation, because two optimizers alternate and the grad-sample hooks must be off during the generator
 step (the generator's loss backpropagates through D, which would otherwise leave per-sample gradients behind).
+
+Under ``trainer=ddp`` (``dp["distributed"]``, :mod:`dpsyn.lit.ddp`) each rank runs this module on its own Poisson
+shard with ``expected_batch_size`` = its share B/W of the global B: the discriminator's optimizer is Opacus's
+``DistributedDPOptimizer`` (clipping on every rank, the noise on rank 0 only, gradients summed over the ranks and
+divided by W), each rank adds its own B/W fake rows' term before that reduction (so the fake terms are averaged),
+and the generator's gradients are averaged over the ranks before its step, so G and D stay identical everywhere.
 """
 
 from __future__ import annotations
@@ -85,7 +91,9 @@ class GANModule(L.LightningModule):
         self.z_dim, self.num_classes, self.batch = z_dim, num_classes, expected_batch_size
         self.lr_g, self.lr_d, self.beta1 = lr_g, lr_d, beta1
         self.dp = dp
-        self.dp_steps = 0  # discriminator releases made: what the ledger charges
+        self.dp_steps = 0  # discriminator releases made: what the ledger charges (one per global step under DDP)
+        # one rank of trainer=ddp (dpsyn.lit.ddp): the process group is up when the Trainer calls the hooks below
+        self.distributed = dp is not None and bool(dp.get("distributed", False))
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         opt_g = torch.optim.Adam(self.G.parameters(), lr=self.lr_g, betas=(self.beta1, 0.999))
@@ -96,7 +104,7 @@ class GANModule(L.LightningModule):
             # the noisy clipped sum divided by the expected batch size
             opt_d = dp_optimizer(opt_d, noise_multiplier=self.dp["noise_multiplier"],
                                  max_grad_norm=self.dp["max_grad_norm"], expected_batch_size=self.batch,
-                                 generator=self.dp["generator"])
+                                 generator=self.dp["generator"], distributed=self.distributed)
         return [opt_g, opt_d]
 
     def _latent(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,9 +124,10 @@ class GANModule(L.LightningModule):
             self._split_dp_step(opt_d, x, y)
             loss_real = loss_fake = None  # never logged under DP
         elif self.dp is not None and b == 0:
-            noise_only_step(opt_d)  # an empty Poisson batch is still a release: noise alone
-            self.dp_steps += 1
-            return
+            # an empty Poisson batch is still a release: noise alone. The generator step below still runs: skipping
+            # it would reveal b == 0 outside the noised release (and, under DDP, desynchronise the ranks)
+            noise_only_step(opt_d)
+            loss_real = loss_fake = None
         else:
             # discriminator: sum losses (per-sample gradients unscaled); the optimizer divides by the expected size
             opt_d.zero_grad(set_to_none=True)
@@ -147,6 +156,10 @@ class GANModule(L.LightningModule):
             )
             opt_g.zero_grad(set_to_none=True)
             self.manual_backward(loss_g)
+            if self.distributed:
+                from opacus.distributed import average_gradients
+
+                average_gradients(self.G)  # each rank's B/W fakes: the mean over ranks is the mean over B fakes
             opt_g.step()
 
         # Under DP only what is post-processing of the released discriminator is logged: loss_g (a fixed-size batch of
@@ -174,6 +187,18 @@ class GANModule(L.LightningModule):
 
         split_dp_step(opt_d, self.D, fake_loss=fake_loss, real_loss=real_loss if len(x) else None,
                       backward=self.manual_backward)
+
+    def on_train_end(self) -> None:
+        if self.distributed:
+            # G's BatchNorm running statistics saw only this rank's fakes: average them, so every rank holds the
+            # same generator (its parameters already are identical: averaged gradients, same optimizer state)
+            import torch.distributed as dist
+
+            world = dist.get_world_size()
+            for buf in self.G.buffers():
+                if buf.is_floating_point():
+                    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+                    buf /= world
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # the releases made so far: a resumed run charges them once (they are not re-made, not forgotten)
@@ -227,7 +252,8 @@ class PeriodicCheckpoint(L.Callback):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         trainer.save_checkpoint(tmp, weights_only=False)  # the full training state, for resuming
-        os.replace(tmp, self.path)
+        if trainer.is_global_zero:  # under DDP only rank 0 writes (save_checkpoint is called on every rank)
+            os.replace(tmp, self.path)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if pl_module.dp_steps % self.every == 0:
@@ -237,13 +263,32 @@ class PeriodicCheckpoint(L.Callback):
         self._save(trainer)
 
 
+def _is_distributed(optimizer: Any) -> bool:
+    """Opacus's ``DistributedDPOptimizer`` (one rank of ``trainer=ddp``): noise on rank 0 only, gradients reduced."""
+    from opacus.optimizers import DistributedDPOptimizer
+
+    return isinstance(optimizer, DistributedDPOptimizer)
+
+
 def _noise_only_grads(optimizer: Any) -> None:
     """Set each parameter's ``grad`` to N(0, (noise_multiplier * max_grad_norm)^2) / expected batch: the privatised
-    gradient of an empty Poisson batch (what Opacus's ``DPOptimizer`` computes when the clipped sum is zero)."""
+    gradient of an empty Poisson batch (what Opacus's ``DPOptimizer`` computes when the clipped sum is zero).
+
+    On a rank other than 0 of a ``DistributedDPOptimizer``: zeros (this rank's clipped sum of no rows); the noise of
+    the step is rank 0's, added once (as Opacus's ``DistributedDPOptimizer.add_noise`` does)."""
     std = optimizer.noise_multiplier * optimizer.max_grad_norm
+    noisy = not _is_distributed(optimizer) or optimizer.rank == 0
     for p in optimizer.params:
-        noise = gaussian_mechanism(torch.zeros(p.shape, device=p.device), std, generator=optimizer.generator)
+        zeros = torch.zeros(p.shape, device=p.device)
+        noise = gaussian_mechanism(zeros, std, generator=optimizer.generator) if noisy else zeros
         p.grad = (noise / optimizer.expected_batch_size).to(p.dtype)
+
+
+def _reduce_if_distributed(optimizer: Any) -> None:
+    """Under ``trainer=ddp``: sum the ranks' privatised gradients and divide by the world size (Opacus's
+    ``DistributedDPOptimizer.reduce_gradients``), the step its own ``step`` makes between ``pre_step`` and the update."""
+    if _is_distributed(optimizer):
+        optimizer.reduce_gradients()
 
 
 def noise_only_step(optimizer: Any) -> None:
@@ -253,6 +298,7 @@ def noise_only_step(optimizer: Any) -> None:
     reveal that the batch was empty.
     """
     _noise_only_grads(optimizer)
+    _reduce_if_distributed(optimizer)
     optimizer.original_optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -273,6 +319,10 @@ def split_dp_step(optimizer: Any, D: Any, *, fake_loss: Callable[[], torch.Tenso
 
     The privatised part is exactly Opacus's ``pre_step`` (per-sample clipping, sum, one Gaussian draw, division by
     B), so the release and its accounting are those of plain DP-SGD; the fake term is post-processing.
+
+    With a ``DistributedDPOptimizer`` (``trainer=ddp``, B = this rank's share B_global / W): this rank's
+    ``(clipped sum [+ the noise, rank 0 only]) / B + fake / B``, then summed over the ranks and divided by W, so the
+    update is ``(all ranks' clipped sums + one draw) / B_global`` plus the mean of the ranks' fake terms.
     """
     backward = backward or (lambda loss: loss.backward())
     optimizer.zero_grad(set_to_none=True)
@@ -297,6 +347,7 @@ def split_dp_step(optimizer: Any, D: Any, *, fake_loss: Callable[[], torch.Tenso
     for p, g in zip(optimizer.params, fake_grads):
         if g is not None:
             p.grad = p.grad + g / optimizer.expected_batch_size
+    _reduce_if_distributed(optimizer)
     optimizer.original_optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
