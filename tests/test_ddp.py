@@ -139,15 +139,94 @@ def test_the_reference_would_see_noise_on_every_rank() -> None:
     assert extra.abs().max() > 1e-2
 
 
-def test_dp_gan_with_trainer_ddp_charges_one_step_per_global_step(monkeypatch) -> None:
+def _tiny_dp_gan_fit(*, eps: float = 3.0, batch: int = 8, devices: int = 2, ledger=None):
+    """dp_gan on a 64-row table under trainer=ddp (2 CPU ranks, 3 global steps): (method, ledger)."""
     from omegaconf import OmegaConf
 
-    import dpsyn.lit.ddp as ddp
     from dpsyn.data.base import Split
     from dpsyn.methods import METHODS, PrivacyBudget
     from dpsyn.paths import CONF_DIR
-    from dpsyn.privacy import PrivacyLedger, SampledGaussianEvent
+    from dpsyn.privacy import PrivacyLedger
     from tests.conftest import run_context
+
+    cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / "method" / "dp_gan.yaml"),
+                          {"batch_size": batch, "table_g_hidden": [8], "table_d_hidden": [8], "checkpoint_every": 0})
+    ctx = run_context(kind="table", shape=(4,), classes=("a", "b"),
+                      trainer={"strategy": "dpsgd_ddp", "devices": devices, "accelerator": "cpu", "max_epochs": 1,
+                               "limit_train_batches": 3, "enable_progress_bar": False})
+    rng = np.random.default_rng(0)
+    private = Split(x=rng.normal(size=(64, 4)).astype(np.float32), y=rng.integers(0, 2, 64))
+    method = METHODS.get("dp_gan")(cfg, ctx)
+    ledger = ledger if ledger is not None else PrivacyLedger(target_epsilon=eps, delta=1e-5)
+    method.fit(private, PrivacyBudget(epsilon=eps, delta=1e-5), ledger)
+    return method, ledger
+
+
+def _sgd_events(ledger):
+    from dpsyn.privacy import SampledGaussianEvent
+
+    return [e for e in ledger.events if isinstance(e, SampledGaussianEvent)]
+
+
+def test_the_parent_charges_rank_zeros_global_step_count_once(monkeypatch) -> None:
+    """Without spawning: the ledger gets one DP-SGD event of rank 0's step count, at rate B/n."""
+    import dpsyn.lit.ddp as ddp
+
+    def fake_fit(job, *, planned_steps):
+        assert planned_steps == 3 and job.world_size == 2 and job.batch == 8
+        return {"G": {}, "D": {}, "dp_steps": 3, "noise_multiplier": fake_fit.nm, "identical": True}
+
+    real_calibrate = __import__("dpsyn.lit.dpsgd", fromlist=["calibrate_dpsgd"]).calibrate_dpsgd
+
+    def calibrate(**kw):
+        cal = real_calibrate(**kw)
+        fake_fit.nm = cal.noise_multiplier
+        return cal
+
+    monkeypatch.setattr("dpsyn.lit.dpsgd.calibrate_dpsgd", calibrate)
+    monkeypatch.setattr(ddp, "fit_gan_ddp", fake_fit)
+    monkeypatch.setattr(torch.nn.Module, "load_state_dict", lambda self, state, strict=True: None)
+    _, ledger = _tiny_dp_gan_fit()
+    sgd = _sgd_events(ledger)
+    assert len(sgd) == 1 and sgd[0].steps == 3 and sgd[0].sample_rate == pytest.approx(8 / 64)
+
+
+def test_a_failed_ddp_fit_is_charged_what_fit_gan_ddp_says(monkeypatch) -> None:
+    """A rank died: the ledger still gets the steps DDPFitError carries (rank 0's count, else the planned steps)."""
+    import dpsyn.lit.ddp as ddp
+    from dpsyn.privacy import PrivacyLedger
+
+    def failing(job, *, planned_steps):
+        raise ddp.DDPFitError("rank 1 died", planned_steps)
+
+    monkeypatch.setattr(ddp, "fit_gan_ddp", failing)
+    ledger = PrivacyLedger(target_epsilon=3.0, delta=1e-5)
+    with pytest.raises(ddp.DDPFitError):
+        _tiny_dp_gan_fit(ledger=ledger)
+    assert [e.steps for e in _sgd_events(ledger)] == [3]
+
+
+@pytest.mark.parametrize("eps, batch, devices, match", [(float("inf"), 8, 2, "eps=inf"), (3.0, 9, 2, "multiple")])
+def test_trainer_ddp_refuses_what_it_cannot_do_before_any_release(eps, batch, devices, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        _tiny_dp_gan_fit(eps=eps, batch=batch, devices=devices)
+
+
+def test_trainer_ddp_is_refused_for_methods_without_it(make_cfg, tmp_path) -> None:
+    from dpsyn.cli.config_check import ConfigError
+    from dpsyn.cli.train import run
+
+    cfg = make_cfg("method=gan", "trainer=ddp")
+    assert cfg.trainer.strategy == "dpsgd_ddp" and cfg.trainer.accelerator == "gpu"
+    with pytest.raises(ConfigError, match="trainer=ddp: method gan .* methods that do: dp_gan"):
+        run(cfg, tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_dp_gan_with_trainer_ddp_charges_one_step_per_global_step(monkeypatch) -> None:
+    """End to end on 2 gloo ranks (about 50 s on a loaded 2-core machine): 3 global steps, 3 ledger steps, and
+    G and D bitwise identical on both ranks."""
+    import dpsyn.lit.ddp as ddp
 
     seen: list[dict] = []
     real_fit = ddp.fit_gan_ddp
@@ -157,17 +236,8 @@ def test_dp_gan_with_trainer_ddp_charges_one_step_per_global_step(monkeypatch) -
         return seen[-1]
 
     monkeypatch.setattr(ddp, "fit_gan_ddp", spy)
-    cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / "method" / "dp_gan.yaml"),
-                          {"batch_size": 8, "table_g_hidden": [8], "table_d_hidden": [8], "checkpoint_every": 0})
-    ctx = run_context(kind="table", shape=(4,), classes=("a", "b"),
-                      trainer={"strategy": "dpsgd_ddp", "devices": 2, "accelerator": "cpu", "max_epochs": 1,
-                               "limit_train_batches": 3, "enable_progress_bar": False})
-    rng = np.random.default_rng(0)
-    private = Split(x=rng.normal(size=(64, 4)).astype(np.float32), y=rng.integers(0, 2, 64))
-    method = METHODS.get("dp_gan")(cfg, ctx)
-    ledger = PrivacyLedger(target_epsilon=3.0, delta=1e-5)
-    method.fit(private, PrivacyBudget(epsilon=3.0, delta=1e-5), ledger)
-    sgd = [e for e in ledger.events if isinstance(e, SampledGaussianEvent)]
+    method, ledger = _tiny_dp_gan_fit()
+    sgd = _sgd_events(ledger)
     assert len(sgd) == 1 and sgd[0].steps == 3, "one ledger step per global step (not one per rank)"
     assert sgd[0].sample_rate == pytest.approx(8 / 64)
     assert method.module.dp_steps == 3
