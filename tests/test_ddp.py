@@ -208,8 +208,12 @@ def test_a_failed_ddp_fit_is_charged_what_fit_gan_ddp_says(monkeypatch) -> None:
 
 @pytest.mark.parametrize("eps, batch, devices, match", [(float("inf"), 8, 2, "eps=inf"), (3.0, 9, 2, "multiple")])
 def test_trainer_ddp_refuses_what_it_cannot_do_before_any_release(eps, batch, devices, match) -> None:
+    from dpsyn.privacy import PrivacyLedger
+
+    ledger = PrivacyLedger(target_epsilon=eps, delta=1e-5)
     with pytest.raises(ValueError, match=match):
-        _tiny_dp_gan_fit(eps=eps, batch=batch, devices=devices)
+        _tiny_dp_gan_fit(eps=eps, batch=batch, devices=devices, ledger=ledger)
+    assert len(ledger.events) == 0, "refused before the class proportions' release"
 
 
 def test_trainer_ddp_is_refused_for_methods_without_it(make_cfg, tmp_path) -> None:

@@ -122,6 +122,10 @@ class DPGAN(Method):
             if batch % world:
                 raise ValueError(f"method.batch_size={batch} must be a multiple of trainer.devices={world} under "
                                  "trainer=ddp (each rank's expected batch and fake rows are batch_size / devices)")
+            gpus = torch.cuda.device_count()
+            if str(ctx.trainer.get("accelerator", "gpu")) in ("gpu", "cuda") and gpus < world:
+                raise ValueError(f"trainer=ddp with trainer.devices={world} GPUs, but {gpus} visible; on CPU processes "
+                                 "(gloo): trainer.accelerator=cpu")
         self.label_probs = None
         if table:
             # first release (Laplace, eps = class_ratio_epsilon); DP-SGD is calibrated for what is left
