@@ -5,13 +5,11 @@ Prints the ratio (DP step time / plain step time) of each way dpsyn can make the
 constructions, :func:`dpsyn.lit.gan.split_dp_step` and Opacus's ``DPOptimizer`` as
 :func:`dpsyn.lit.dpsgd.dp_optimizer` builds it):
 
-* ``split``: per-sample gradients for the real rows only; the B fake rows' gradient computed with the hooks off and
-  added after the noise (the default, ``method.dpsgd_step=split``);
+* ``split``: the real rows clipped and noised; m fake rows clipped per row (no noise: nothing private in them),
+  averaged and added (``method.dpsgd_step=split``, m = ``method.split_fake_rows``, default B; ``split_m32``: m = 32);
 * ``paired``: real row i and fake row i clipped together (Opacus's DCGAN example), per-sample gradients for all 2B
   rows;
 * each with Opacus's ``hooks`` or ``functorch`` per-sample gradients (``method.grad_sample_mode``);
-* ``split + ghost``: Opacus's ghost clipping (per-sample gradient norms without materialising the per-sample
-  gradients, two backward passes) on the real rows; measured only, not offered as a method setting.
 
 The line of the configured default (conf/method/dp_gan.yaml) is marked ``(default)``. Ratios differ between CPUs,
 so the CPU model is printed first.
@@ -37,8 +35,10 @@ from dpsyn.lit.gan import split_dp_step
 from dpsyn.nets.dcgan import CondDCGANDiscriminator
 
 MODES: tuple[tuple[str, str], ...] = (
-    ("paired", "hooks"), ("paired", "functorch"), ("split", "hooks"), ("split", "functorch"), ("split", "ghost"),
+    ("paired", "hooks"), ("paired", "functorch"), ("split", "hooks"), ("split", "functorch"),
+    ("split_m32", "hooks"), ("split_m32", "functorch"),
 )
+"""(construction, per-sample engine); ``split_m32``: a split step with 32 fake rows (``method.split_fake_rows=32``)."""
 
 
 def cpu_model() -> str:
@@ -69,6 +69,8 @@ def make_step(step_kind: str, engine: str, batch: int, device: str = "cpu") -> C
     x = torch.rand(batch, 1, 28, 28, device=device)
     fake = torch.rand(batch, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
+    m = min(32, batch) if step_kind == "split_m32" else batch
+    fake_m, y_m = fake[:m], y[:m]
     adam = torch.optim.Adam(D.parameters(), lr=2e-4)
     if step_kind == "plain":
         def plain() -> None:
@@ -78,41 +80,15 @@ def make_step(step_kind: str, engine: str, batch: int, device: str = "cpu") -> C
         return plain
 
     gen = torch.Generator(device=device).manual_seed(1)
-    if engine == "ghost":
-        from opacus.grad_sample import GradSampleModuleFastGradientClipping
-        from opacus.optimizers import DPOptimizerFastGradientClipping
-        from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
-
-        gsm = GradSampleModuleFastGradientClipping(D, loss_reduction="sum", max_grad_norm=1.0)
-        adam = torch.optim.Adam(gsm.parameters(), lr=2e-4)
-        opt = DPOptimizerFastGradientClipping(adam, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=batch,
-                                              loss_reduction="sum", generator=gen)
-        criterion = DPLossFastGradientClipping(gsm, opt, torch.nn.BCEWithLogitsLoss(reduction="sum"),
-                                               loss_reduction="sum")
-
-        def ghost() -> None:
-            opt.zero_grad(set_to_none=True)
-            gsm.disable_hooks()
-            _bce(gsm(fake, y), 0.0).backward()
-            fake_grads = [p.grad.detach().clone() for p in opt.params]
-            for p in opt.params:
-                p.grad = None
-            gsm.enable_hooks()
-            criterion(gsm(x, y), torch.ones(batch, device=device)).backward()  # norms pass + clipped-sum pass
-            opt.pre_step()
-            for p, g in zip(opt.params, fake_grads):
-                p.grad = p.grad + g / batch
-            opt.original_optimizer.step()
-        return ghost
-
     from opacus import GradSampleModule
 
     gsm = GradSampleModule(D, loss_reduction="sum", force_functorch=engine == "functorch")
     opt = dp_optimizer(torch.optim.Adam(gsm.parameters(), lr=2e-4), noise_multiplier=1.0, max_grad_norm=1.0,
                        expected_batch_size=batch, generator=gen)
-    if step_kind == "split":
+    if step_kind.startswith("split"):
         def split() -> None:
-            split_dp_step(opt, gsm, fake_loss=lambda: _bce(gsm(fake, y), 0.0), real_loss=lambda: _bce(gsm(x, y), 1.0))
+            split_dp_step(opt, gsm, fake_loss=lambda: _bce(gsm(fake_m, y_m), 0.0),
+                          real_loss=lambda: _bce(gsm(x, y), 1.0))
         return split
 
     def paired() -> None:
@@ -144,7 +120,7 @@ def ratios(batch: int, steps: int, device: str = "cpu") -> dict[str, float | str
     for kind, engine in MODES:
         try:
             out[f"{kind}/{engine}"] = time_step(make_step(kind, engine, batch, device), steps, sync) / base
-        except Exception as e:  # noqa: BLE001 - an engine Opacus cannot run here is reported, not fatal
+        except Exception as e:  # noqa: BLE001 - an engine Opacus cannot run on this device is reported, not fatal
             out[f"{kind}/{engine}"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
     return out
 

@@ -164,8 +164,10 @@ def _dpsgd_outputs(eps: float, delta: float, trials: int, noise: NoiseSource, *,
     n = 0
     eye = torch.eye(dim) * clip
     fake = torch.from_numpy(np.random.default_rng(noise.seed + 2).standard_normal((4, dim)).astype(np.float32))
-    mean = fake.sum(0).double() / half  # the fake rows' mean gradient, which split_dp_step clips as a whole to clip
-    fake_term = (mean * min(1.0, clip / float(mean.norm())) * half / clip).numpy()  # in the released units
+    # the fake rows' gradients clipped per row to `clip` and averaged (what split_dp_step adds), in the released units
+    f64 = fake.double()
+    clipped = f64 * (clip / f64.norm(dim=1, keepdim=True)).clamp(max=1.0)
+    fake_term = (clipped.mean(0) * half / clip).numpy()
 
     def released(step: Callable[[], None]) -> np.ndarray:
         before = layer.weight.detach().clone()

@@ -155,6 +155,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     settle_library_handlers()  # the libraries are imported now: each of their log lines printed once
     check_composed(cfg)
     method_cls = METHODS.get(cfg.method.name)
+    if cfg.trainer.get("strategy") == "dpsgd_ddp" and not method_cls.supports_ddp:
+        raise ConfigError(f"trainer=ddp: method {cfg.method.name} does not train with multi-process DP-SGD; methods "
+                          f"that do: {', '.join(sorted(n for n in METHODS.names() if METHODS.get(n).supports_ddp))}")
     # the dataset's yaml names its public split; it is read only for a method that uses public data
     data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir, public=method_cls.needs_public)
     if cfg.metrics.split == "validation":  # tuning: every metric (and PE's monitor) reads rows carved from private

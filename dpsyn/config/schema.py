@@ -88,6 +88,7 @@ class DPGANSchema(MethodSchema):
     ndf: int = f(32, **POSITIVE)
     grad_sample_mode: str = f("hooks", choices=("hooks", "functorch"))
     dpsgd_step: str = f("split", choices=("split", "paired"))
+    split_fake_rows: Optional[int] = f(None, ge=2)
     checkpoint_every: int = f(100, **NON_NEGATIVE)
     table_g_hidden: List[int] = f([64, 64], **WIDTHS)
     table_d_hidden: List[int] = f([64, 64], **WIDTHS)
@@ -108,6 +109,7 @@ class DPGANMISchema(MethodSchema):
     layers: int = f(4, ge=2)
     grad_sample_mode: str = f("hooks", choices=("hooks", "functorch"))
     dpsgd_step: str = f("split", choices=("split", "paired"))
+    split_fake_rows: Optional[int] = f(None, ge=2)
     checkpoint_every: int = f(100, **NON_NEGATIVE)
 
 
@@ -475,7 +477,10 @@ class PrivacySchema:
 @dataclass
 class TrainerSchema:
     accelerator: str = f("cpu", choices=("cpu", "gpu", "cuda", "mps", "auto"))
-    devices: Any = 1                      # an int, a list or "auto" (Lightning)
+    devices: Any = 1                      # an int, a list or "auto" (Lightning); the number of ranks under ddp
+    # "auto": Lightning's choice for one device; "dpsgd_ddp": multi-process DP-SGD (conf/trainer/ddp.yaml,
+    # dpsyn.lit.ddp), for the methods with Method.supports_ddp
+    strategy: str = f("auto", choices=("auto", "dpsgd_ddp"))
     max_epochs: Optional[int] = f(None, **POSITIVE)
     limit_train_batches: Any = f(None, gt=0)   # an int (batches) or a float fraction (Lightning): kept as given
     enable_progress_bar: bool = True

@@ -70,6 +70,8 @@ def private_discriminator_loader(
     max_grad_norm: float,
     grad_sample_mode: str,
     name: str,
+    distributed: bool = False,
+    noise_device: str = "cpu",
 ) -> tuple[torch.nn.Module, DataLoader, dict[str, Any] | None]:
     """``(D, loader, dp)`` for a Lightning GAN whose discriminator reads ``data`` (private rows).
 
@@ -78,6 +80,12 @@ def private_discriminator_loader(
     the Trainer's exact step count), clip norm, the noise generator (OS entropy unless
     ``ctx.deterministic_noise``) and ``max_steps``. Without one (eps=inf): ``D`` as it is, a shuffled loader seeded
     by ``ctx.seed``, ``dp`` None.
+
+    ``distributed`` (one rank of ``trainer=ddp``, :mod:`dpsyn.lit.ddp`; the process group initialised): the loader
+    samples this rank's shard of ``data`` at the same rate ``batch / len(data)`` (so the expected global batch is
+    ``batch``), with this rank's own sampling generator, and ``dp["distributed"]`` is True (the module then builds
+    Opacus's ``DistributedDPOptimizer``). The calibration is the same as in one process: one release per global step.
+    ``noise_device``: where the noise generator lives (the rank's GPU under ``trainer=ddp`` on GPUs).
     """
     n = len(data)  # type: ignore[arg-type]
     if not budget.private:
@@ -89,37 +97,58 @@ def private_discriminator_loader(
 
     # Poisson sampling: the scheme the accountant assumes. Its randomness is part of the mechanism, so it is drawn
     # from OS entropy like the noise, not from the run seed.
-    loader = DPDataLoader(data, sample_rate=batch / n,
-                          generator=dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed + 1))
+    if distributed:
+        import torch.distributed as dist
+
+        from dpsyn.lit.ddp import distributed_poisson_loader
+
+        rank = dist.get_rank()
+        # each rank's own sampling randomness (OS entropy; distinct seeds when deterministic): rows of different
+        # shards must be kept independently of each other, as the accountant assumes
+        loader = distributed_poisson_loader(
+            data, sample_rate=batch / n,
+            generator=dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed + 1 + rank))
+    else:
+        loader = DPDataLoader(data, sample_rate=batch / n,
+                              generator=dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed + 1))
     steps = planned_steps(epochs=epochs, batches_per_epoch=len(loader), limit_train_batches=limit_train_batches)
     cal = calibrate_dpsgd(budget=budget, n=n, batch=batch, steps=steps, accountant=ctx.accountant, name=name)
     D = GradSampleModule(D, loss_reduction="sum", force_functorch=grad_sample_mode == "functorch")
     dp = {
         "noise_multiplier": cal.noise_multiplier,
         "max_grad_norm": float(max_grad_norm),
-        "generator": dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed),
+        "generator": dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=noise_device),
         "max_steps": steps,
+        "distributed": bool(distributed),
     }
     return D, loader, dp
 
 
 def dp_optimizer(optimizer: torch.optim.Optimizer, *, noise_multiplier: float, max_grad_norm: float,
-                 expected_batch_size: int, generator: torch.Generator) -> Any:
+                 expected_batch_size: int, generator: torch.Generator, distributed: bool = False) -> Any:
     """``optimizer`` wrapped in Opacus's ``DPOptimizer``: per-sample gradients (from a ``GradSampleModule`` built with
     ``loss_reduction="sum"``) clipped to ``max_grad_norm``, summed, N(0, (noise_multiplier * max_grad_norm)^2) added
     once per step from ``generator``, divided by ``expected_batch_size`` (Poisson DP-SGD must not divide by the
     realised batch size).
 
+    ``distributed`` (one rank of ``trainer=ddp``): Opacus's ``DistributedDPOptimizer`` instead, and
+    ``expected_batch_size`` is then this rank's share ``B / world_size`` of the global expected batch B. Each rank
+    clips its own rows; only rank 0 adds the noise; each rank divides by ``B / world_size``; ``reduce_gradients``
+    sums over the ranks and divides by ``world_size``. The update is therefore
+    ``(sum over all ranks of the clipped per-sample gradients + ONE N(0, (sigma C)^2) draw) / B``, exactly the
+    one-process DP-SGD update of a Poisson batch of expected size B.
+
     Raises:
         ValueError: a noise multiplier <= 0, a clip norm <= 0 or an expected batch size < 1.
     """
-    from opacus.optimizers import DPOptimizer
+    from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
 
     if not noise_multiplier > 0 or not max_grad_norm > 0 or not expected_batch_size >= 1:
         raise ValueError(f"DP-SGD needs noise_multiplier > 0, max_grad_norm > 0, expected_batch_size >= 1; got "
                          f"{noise_multiplier!r}, {max_grad_norm!r}, {expected_batch_size!r}")
-    return DPOptimizer(optimizer, noise_multiplier=float(noise_multiplier), max_grad_norm=float(max_grad_norm),
-                       expected_batch_size=int(expected_batch_size), loss_reduction="mean", generator=generator)
+    cls = DistributedDPOptimizer if distributed else DPOptimizer
+    return cls(optimizer, noise_multiplier=float(noise_multiplier), max_grad_norm=float(max_grad_norm),
+               expected_batch_size=int(expected_batch_size), loss_reduction="mean", generator=generator)
 
 
 def poisson_mask(n: int, *, sample_rate: float, generator: torch.Generator) -> torch.Tensor:

@@ -186,6 +186,8 @@ class Method(ABC):
     kinds: ClassVar[tuple[str, ...]] = ("image", "table")
     reference: ClassVar[bool] = False
     eps_free: ClassVar[bool | None] = None
+    #: the method trains with ``trainer=ddp`` (multi-process DP-SGD, :mod:`dpsyn.lit.ddp`); others refuse it
+    supports_ddp: ClassVar[bool] = False
     #: the attributes ``fit`` sets that ``sample`` and ``report`` read (:meth:`fitted_state`); None: the method keeps
     #: no fitted state and a re-run fits again (only for methods that spend no privacy). ``"models"`` (the public
     #: models) is not stored: it is loaded again with :meth:`public_models`.

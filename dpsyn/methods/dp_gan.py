@@ -12,10 +12,15 @@ The class proportions are first released with the Laplace mechanism at ``class_r
 ``eps - class_ratio_epsilon`` at the same delta (basic composition: the ledger adds the two), the generator's fake
 labels during training and the samples' labels are drawn from the released proportions (post-processing), so an
 unbalanced table such as Kaggle Credit (0.17% fraud) keeps its class ratio.
+
+``trainer=ddp`` trains on several processes (:mod:`dpsyn.lit.ddp`): each rank Poisson-samples its shard at the same
+rate and clips its own rows, the noise is drawn once per step (rank 0), and the ledger charges one step per global
+step, as in one process. Only the training runs in the ranks; this process keeps the ledger and everything after fit.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from pathlib import Path
@@ -76,6 +81,7 @@ class DPGAN(Method):
     """DP-GAN on images and tables (see the module docstring)."""
 
     kinds = ("image", "table")
+    supports_ddp = True
     fitted_attrs = ("module", "label_probs", "_labels_note")
     label_probs: np.ndarray | None = None
     _labels_note = ""
@@ -97,6 +103,8 @@ class DPGAN(Method):
     ) -> None:
         import lightning as L
 
+        from dpsyn.lit.ddp import DDPFitError, GANDDPJob, ddp_world_size, fit_gan_ddp
+
         cfg, ctx = self.cfg, self.ctx
         L.seed_everything(ctx.seed, workers=True, verbose=False)
         table = ctx.kind == "table"
@@ -106,6 +114,18 @@ class DPGAN(Method):
         n, batch = len(data), int(cfg.batch_size)
         if batch > n:
             raise ValueError(f"method.batch_size={batch} exceeds the {n} private examples")
+        world = ddp_world_size(ctx.trainer)  # checked before any release
+        if world is not None:
+            if not budget.private:
+                raise ValueError("trainer=ddp trains DP-SGD only: dp_gan at eps=inf runs on one process (trainer=cpu "
+                                 "or trainer=gpu)")
+            if batch % world:
+                raise ValueError(f"method.batch_size={batch} must be a multiple of trainer.devices={world} under "
+                                 "trainer=ddp (each rank's expected batch and fake rows are batch_size / devices)")
+            gpus = torch.cuda.device_count()
+            if str(ctx.trainer.get("accelerator", "gpu")) in ("gpu", "cuda") and gpus < world:
+                raise ValueError(f"trainer=ddp with trainer.devices={world} GPUs, but {gpus} visible; on CPU processes "
+                                 "(gloo): trainer.accelerator=cpu")
         self.label_probs = None
         if table:
             # first release (Laplace, eps = class_ratio_epsilon); DP-SGD is calibrated for what is left
@@ -124,28 +144,29 @@ class DPGAN(Method):
             )
         trainer_kwargs = dict(ctx.trainer)
         epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
+        if world is not None:
+            for key in ("strategy", "devices", "accelerator"):
+                trainer_kwargs.pop(key, None)
+            D_plain = copy.deepcopy(D)  # what the ranks get: the untrained discriminator, unwrapped
 
         D, loader, dp = private_discriminator_loader(
             D, data, batch=batch, epochs=epochs, limit_train_batches=trainer_kwargs.get("limit_train_batches"),
             budget=budget, ctx=ctx, max_grad_norm=float(cfg.max_grad_norm), grad_sample_mode=cfg.grad_sample_mode,
             name="dp_gan",
         )
-        module_kwargs: dict[str, Any] = dict(
-            generator=G,
-            discriminator=D,
+        shared: dict[str, Any] = dict(
             z_dim=int(cfg.z_dim),
             num_classes=ctx.num_classes,
-            expected_batch_size=batch,
             lr_g=float(cfg.lr_g),
             lr_d=float(cfg.lr_d),
             beta1=float(cfg.beta1),
-            dp=dp,
             dpsgd_step=str(cfg.dpsgd_step),
+            split_fake_rows=cfg.split_fake_rows,
         )
+        module_cls: type[GANModule] = GANModule
         if self.label_probs is not None:
-            self.module: GANModule = _ProportionalLabelGAN(label_probs=self.label_probs, **module_kwargs)
-        else:
-            self.module = GANModule(**module_kwargs)
+            module_cls, shared["label_probs"] = _ProportionalLabelGAN, self.label_probs
+        self.module = module_cls(generator=G, discriminator=D, expected_batch_size=batch, dp=dp, **shared)
         callbacks, ckpt_path = [], None
         if ctx.run_dir is not None and int(cfg.checkpoint_every) > 0:
             ckpt = Path(ctx.run_dir) / "checkpoints" / "last.ckpt"
@@ -154,6 +175,30 @@ class DPGAN(Method):
                 ckpt_path = str(ckpt)
                 self.module.dp_steps = lightning_dp_steps(ckpt, dp)
                 log.info("resuming dp_gan from %s (%d discriminator steps already made)", ckpt, self.module.dp_steps)
+        if world is not None:
+            assert dp is not None
+            job = GANDDPJob(
+                world_size=world, accelerator=str(ctx.trainer.get("accelerator", "gpu")), data=data, G=copy.deepcopy(G),
+                D=D_plain, module_cls=module_cls, module_kwargs=shared, batch=batch, epochs=epochs,
+                trainer_kwargs=trainer_kwargs, budget=budget, seed=ctx.seed, deterministic_noise=ctx.deterministic_noise,
+                accountant=ctx.accountant, max_grad_norm=float(cfg.max_grad_norm),
+                grad_sample_mode=str(cfg.grad_sample_mode), name="dp_gan", callbacks=callbacks, ckpt_path=ckpt_path)
+            try:
+                state = fit_gan_ddp(job, planned_steps=int(dp["max_steps"]))
+                if state["noise_multiplier"] != dp["noise_multiplier"]:
+                    raise RuntimeError(f"dp_gan: the ranks calibrated noise multiplier {state['noise_multiplier']}, "
+                                       f"this process {dp['noise_multiplier']}")
+                self.module.G.load_state_dict(state["G"])
+                self.module.D._module.load_state_dict(state["D"])
+                self.module.dp_steps = int(state["dp_steps"])
+            except DDPFitError as e:
+                self.module.dp_steps = e.dp_steps  # what was (or may have been) released
+                raise
+            finally:
+                self._charge(ledger, dp, batch / n)
+            if self.module.G.training:
+                self.module.G.eval()
+            return
         trainer = L.Trainer(
             max_epochs=epochs,
             logger=ctx.logger if ctx.logger is not None else False,
@@ -166,13 +211,17 @@ class DPGAN(Method):
         try:
             trainer.fit(self.module, train_dataloaders=loader, ckpt_path=ckpt_path)
         finally:
-            # charge every release that happened, even when training stopped early or crashed
-            charge_dpsgd(ledger, noise_multiplier=dp["noise_multiplier"] if dp else None, sample_rate=batch / n,
-                         steps_done=self.module.dp_steps, accountant=ctx.accountant,
-                         label="dp_gan discriminator (DP-SGD, clip %g)" % float(cfg.max_grad_norm),
-                         non_private_label="dp_gan trained without noise (eps=inf)")
+            self._charge(ledger, dp, batch / n)
         if self.module.G.training:
             self.module.G.eval()
+
+    def _charge(self, ledger: PrivacyLedger, dp: dict[str, Any] | None, sample_rate: float) -> None:
+        """Charge every release that happened, even when training stopped early or crashed (under ``trainer=ddp``:
+        one step per global step, the count of rank 0)."""
+        charge_dpsgd(ledger, noise_multiplier=dp["noise_multiplier"] if dp else None, sample_rate=sample_rate,
+                     steps_done=self.module.dp_steps, accountant=self.ctx.accountant,
+                     label="dp_gan discriminator (DP-SGD, clip %g)" % float(self.cfg.max_grad_norm),
+                     non_private_label="dp_gan trained without noise (eps=inf)")
 
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
         rng = np.random.default_rng(self.ctx.seed)

@@ -113,6 +113,7 @@ class FeatureGANMethod(Method):
             z_dim=int(cfg.z_dim), num_classes=self.ctx.num_classes, expected_batch_size=batch,
             lr_g=float(cfg.lr_g), lr_d=float(cfg.lr_d), beta1=float(cfg.beta1), dp=dp,
             dpsgd_step=str(cfg.dpsgd_step),
+            split_fake_rows=cfg.split_fake_rows,
         )
 
     def _pretrain_settings(self) -> dict[str, Any]:

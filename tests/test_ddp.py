@@ -1,0 +1,255 @@
+"""trainer=ddp (dpsyn.lit.ddp): DP-SGD on 2 CPU processes over gloo, noise once per global step, one ledger step each.
+
+The step test replays rank 0's noise generator and compares the ranks' update exactly against a one-process
+reference: every rank's rows clipped one at a time, summed, ONE noise draw, divided by the global B, plus the mean
+of the fake rows' clipped gradients (the same count on every rank). Noise added on every rank, a sum of the ranks' fake terms, or a reduction that forgets to
+divide by the world size each change the update by far more than the tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from dpsyn.nets.mlp_gan import CondMLPDiscriminator
+
+WORLD, B, CLIP, NM, SEED = 2, 8, 0.5, 0.8, 13
+SHAPE, CLASSES = (6,), 3
+# the real rows each rank holds at each step: step 1 both ranks, step 2 rank 1 empty, step 3 rank 0 empty
+ROWS = [(3, 5), (4, 0), (0, 2)]
+
+
+def _disc() -> CondMLPDiscriminator:
+    torch.manual_seed(0)
+    return CondMLPDiscriminator(num_classes=CLASSES, shape=SHAPE, hidden=(16,))
+
+
+def _rows(step: int, rank: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + 10 * step + rank)
+    return torch.randn(n, *SHAPE, generator=g) * 3, torch.randint(0, CLASSES, (n,), generator=g)
+
+
+def _fakes(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(2000 + 10 * step + rank)
+    return torch.randn(B // WORLD, *SHAPE, generator=g), torch.randint(0, CLASSES, (B // WORLD,), generator=g)
+
+
+def _flat(params) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in params]).clone()
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    from opacus import GradSampleModule
+
+    from dpsyn.lit.ddp import DistributedPoissonBatchSampler
+    from dpsyn.lit.dpsgd import dp_optimizer
+    from dpsyn.lit.gan import split_dp_step
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    try:
+        gsm = GradSampleModule(_disc(), loss_reduction="sum")
+        # rank 1 gets a generator of its own: if it drew noise, the update would not match rank 0's replay
+        gen = torch.Generator().manual_seed(SEED if rank == 0 else SEED + 99)
+        opt = dp_optimizer(torch.optim.SGD(gsm.parameters(), lr=1.0), noise_multiplier=NM, max_grad_norm=CLIP,
+                           expected_batch_size=B // WORLD, generator=gen, distributed=True)
+        after = []
+        for step, counts in enumerate(ROWS):
+            x, y = _rows(step, rank, counts[rank])
+            fake, y_fake = _fakes(step, rank)
+            split_dp_step(
+                opt, gsm,
+                fake_loss=lambda: F.binary_cross_entropy_with_logits(gsm(fake, y_fake), torch.zeros(len(fake)),
+                                                                     reduction="sum"),
+                real_loss=(lambda: F.binary_cross_entropy_with_logits(gsm(x, y), torch.ones(len(x)), reduction="sum"))
+                if len(x) else None,
+            )
+            after.append(_flat(gsm.parameters()))
+        # the Poisson sampler: this rank's shard only, one batch per step, empty ones included
+        sampler = DistributedPoissonBatchSampler(total_size=11, sample_rate=0.1,
+                                                 generator=torch.Generator().manual_seed(rank))
+        batches = list(sampler)
+        torch.save({"after": after, "batches": batches, "num_batches": sampler.num_batches}, Path(out) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _reference() -> list[torch.Tensor]:
+    """One process: every rank's rows clipped one at a time, summed, one N(0, (NM*CLIP)^2) draw from rank 0's
+    generator (Opacus's order: one tensor per parameter), / B; plus the mean of all fake rows' clipped gradients; SGD lr 1."""
+    D = _disc()
+    params = list(D.parameters())
+    gen = torch.Generator().manual_seed(SEED)
+    out = []
+    for step, counts in enumerate(ROWS):
+        clipped = torch.zeros(sum(p.numel() for p in params))
+        for rank in range(WORLD):
+            x, y = _rows(step, rank, counts[rank])
+            for i in range(len(x)):
+                D.zero_grad()
+                F.binary_cross_entropy_with_logits(D(x[i:i + 1], y[i:i + 1]), torch.ones(1), reduction="sum").backward()
+                g = torch.cat([p.grad.flatten() for p in params])
+                clipped += g * min(1.0, CLIP / (g.norm().item() + 1e-6))
+        noise = torch.cat([torch.normal(0.0, NM * CLIP, size=p.shape, generator=gen).flatten() for p in params])
+        fake, rows = torch.zeros_like(clipped), 0
+        for f, yf in (_fakes(step, r) for r in range(WORLD)):
+            for j in range(len(f)):
+                D.zero_grad()
+                F.binary_cross_entropy_with_logits(D(f[j:j + 1], yf[j:j + 1]), torch.zeros(1),
+                                                   reduction="sum").backward()
+                g = torch.cat([p.grad.flatten() for p in params])
+                fake += g * min(1.0, CLIP / (g.norm().item() + 1e-6))
+                rows += 1
+        update = (clipped + noise) / B + fake / rows  # each rank's mean of clipped fake rows, averaged over ranks
+        with torch.no_grad():
+            flat = _flat(params) - update
+            i = 0
+            for p in params:
+                p.copy_(flat[i:i + p.numel()].view_as(p))
+                i += p.numel()
+        out.append(_flat(params))
+    return out
+
+
+def test_two_gloo_ranks_clip_their_rows_and_add_the_noise_once_per_step(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    from dpsyn.lit.ddp import _free_port
+
+    mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    got = [torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(WORLD)]
+    want = _reference()
+    for step in range(len(ROWS)):
+        assert torch.equal(got[0]["after"][step], got[1]["after"][step]), "the ranks' discriminators differ"
+        torch.testing.assert_close(got[0]["after"][step], want[step], rtol=1e-4, atol=1e-6)
+    # the sampler: rank r holds rows r, r+2, ...; every step yields a batch (some empty), as many on every rank
+    for r, g in enumerate(got):
+        assert len(g["batches"]) == g["num_batches"] == 10
+        assert all(i % WORLD == r for batch in g["batches"] for i in batch)
+    assert any(len(b) == 0 for g in got for b in g["batches"])
+
+
+def test_the_reference_would_see_noise_on_every_rank() -> None:
+    """The tolerance of the test above is far below one extra noise draw (/B), so a second draw cannot pass."""
+    params = list(_disc().parameters())
+    extra = torch.cat([torch.normal(0.0, NM * CLIP, size=p.shape, generator=torch.Generator().manual_seed(SEED + 99))
+                       .flatten() for p in params]) / B
+    assert extra.abs().max() > 1e-2
+
+
+def _tiny_dp_gan_fit(*, eps: float = 3.0, batch: int = 8, devices: int = 2, ledger=None):
+    """dp_gan on a 64-row table under trainer=ddp (2 CPU ranks, 3 global steps): (method, ledger)."""
+    from omegaconf import OmegaConf
+
+    from dpsyn.data.base import Split
+    from dpsyn.methods import METHODS, PrivacyBudget
+    from dpsyn.paths import CONF_DIR
+    from dpsyn.privacy import PrivacyLedger
+    from tests.conftest import run_context
+
+    cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / "method" / "dp_gan.yaml"),
+                          {"batch_size": batch, "table_g_hidden": [8], "table_d_hidden": [8], "checkpoint_every": 0})
+    ctx = run_context(kind="table", shape=(4,), classes=("a", "b"),
+                      trainer={"strategy": "dpsgd_ddp", "devices": devices, "accelerator": "cpu", "max_epochs": 1,
+                               "limit_train_batches": 3, "enable_progress_bar": False})
+    rng = np.random.default_rng(0)
+    private = Split(x=rng.normal(size=(64, 4)).astype(np.float32), y=rng.integers(0, 2, 64))
+    method = METHODS.get("dp_gan")(cfg, ctx)
+    ledger = ledger if ledger is not None else PrivacyLedger(target_epsilon=eps, delta=1e-5)
+    method.fit(private, PrivacyBudget(epsilon=eps, delta=1e-5), ledger)
+    return method, ledger
+
+
+def _sgd_events(ledger):
+    from dpsyn.privacy import SampledGaussianEvent
+
+    return [e for e in ledger.events if isinstance(e, SampledGaussianEvent)]
+
+
+def test_the_parent_charges_rank_zeros_global_step_count_once(monkeypatch) -> None:
+    """Without spawning: the ledger gets one DP-SGD event of rank 0's step count, at rate B/n."""
+    import dpsyn.lit.ddp as ddp
+
+    def fake_fit(job, *, planned_steps):
+        assert planned_steps == 3 and job.world_size == 2 and job.batch == 8
+        return {"G": {}, "D": {}, "dp_steps": 3, "noise_multiplier": fake_fit.nm, "identical": True}
+
+    real_calibrate = __import__("dpsyn.lit.dpsgd", fromlist=["calibrate_dpsgd"]).calibrate_dpsgd
+
+    def calibrate(**kw):
+        cal = real_calibrate(**kw)
+        fake_fit.nm = cal.noise_multiplier
+        return cal
+
+    monkeypatch.setattr("dpsyn.lit.dpsgd.calibrate_dpsgd", calibrate)
+    monkeypatch.setattr(ddp, "fit_gan_ddp", fake_fit)
+    monkeypatch.setattr(torch.nn.Module, "load_state_dict", lambda self, state, strict=True: None)
+    _, ledger = _tiny_dp_gan_fit()
+    sgd = _sgd_events(ledger)
+    assert len(sgd) == 1 and sgd[0].steps == 3 and sgd[0].sample_rate == pytest.approx(8 / 64)
+
+
+def test_a_failed_ddp_fit_is_charged_what_fit_gan_ddp_says(monkeypatch) -> None:
+    """A rank died: the ledger still gets the steps DDPFitError carries (rank 0's count, else the planned steps)."""
+    import dpsyn.lit.ddp as ddp
+    from dpsyn.privacy import PrivacyLedger
+
+    def failing(job, *, planned_steps):
+        raise ddp.DDPFitError("rank 1 died", planned_steps)
+
+    monkeypatch.setattr(ddp, "fit_gan_ddp", failing)
+    ledger = PrivacyLedger(target_epsilon=3.0, delta=1e-5)
+    with pytest.raises(ddp.DDPFitError):
+        _tiny_dp_gan_fit(ledger=ledger)
+    assert [e.steps for e in _sgd_events(ledger)] == [3]
+
+
+@pytest.mark.parametrize("eps, batch, devices, match", [(float("inf"), 8, 2, "eps=inf"), (3.0, 9, 2, "multiple")])
+def test_trainer_ddp_refuses_what_it_cannot_do_before_any_release(eps, batch, devices, match) -> None:
+    from dpsyn.privacy import PrivacyLedger
+
+    ledger = PrivacyLedger(target_epsilon=eps, delta=1e-5)
+    with pytest.raises(ValueError, match=match):
+        _tiny_dp_gan_fit(eps=eps, batch=batch, devices=devices, ledger=ledger)
+    assert len(ledger.events) == 0, "refused before the class proportions' release"
+
+
+def test_trainer_ddp_is_refused_for_methods_without_it(make_cfg, tmp_path) -> None:
+    from dpsyn.cli.config_check import ConfigError
+    from dpsyn.cli.train import run
+
+    cfg = make_cfg("method=gan", "trainer=ddp")
+    assert cfg.trainer.strategy == "dpsgd_ddp" and cfg.trainer.accelerator == "gpu"
+    with pytest.raises(ConfigError, match="trainer=ddp: method gan .* methods that do: dp_gan"):
+        run(cfg, tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_dp_gan_with_trainer_ddp_charges_one_step_per_global_step(monkeypatch) -> None:
+    """End to end on 2 gloo ranks (about 50 s on a loaded 2-core machine): 3 global steps, 3 ledger steps, and
+    G and D bitwise identical on both ranks."""
+    import dpsyn.lit.ddp as ddp
+
+    seen: list[dict] = []
+    real_fit = ddp.fit_gan_ddp
+
+    def spy(job, *, planned_steps):
+        seen.append(real_fit(job, planned_steps=planned_steps))
+        return seen[-1]
+
+    monkeypatch.setattr(ddp, "fit_gan_ddp", spy)
+    method, ledger = _tiny_dp_gan_fit()
+    sgd = _sgd_events(ledger)
+    assert len(sgd) == 1 and sgd[0].steps == 3, "one ledger step per global step (not one per rank)"
+    assert sgd[0].sample_rate == pytest.approx(8 / 64)
+    assert method.module.dp_steps == 3
+    assert len(seen) == 1 and seen[0]["identical"], "G and D must be identical on every rank"
+    assert torch.equal(method.module.G.state_dict()["net.0.weight"] if "net.0.weight" in method.module.G.state_dict()
+                       else next(iter(method.module.G.state_dict().values())), next(iter(seen[0]["G"].values())))
+    assert ledger.epsilon(1e-5) <= 3.0
