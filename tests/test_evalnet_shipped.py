@@ -59,6 +59,19 @@ def test_shipped_evalnet_is_intact_small_and_for_the_default_settings() -> None:
     assert weights.stat().st_size < 1 << 20  # 0.5 MB: the whole working tree travels in 64 MiB
 
 
+def test_the_wheel_carries_the_shipped_evalnet() -> None:
+    """pyproject's package-data names the shipped files: an install without them would train at the first run."""
+    import fnmatch
+    import tomllib
+
+    from dpsyn.paths import REPO_DIR
+
+    globs = tomllib.loads((REPO_DIR / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["dpsyn"]
+    package = evalnet_mod.SHIPPED_DIR.parent.parent
+    for path in (*_shipped(), *(p.with_suffix(".json") for p in _shipped())):
+        assert any(fnmatch.fnmatch(path.relative_to(package).as_posix(), g) for g in globs), path
+
+
 def test_default_run_settings_load_the_shipped_evalnet_without_training(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """With an empty cache, the default config's evaluation network (train.yaml's metrics, fmnist loaded as a run
