@@ -9,6 +9,13 @@ the encoder's test accuracy and how often a decoded test feature is classified a
 where it is cached, its training time and its measured quality (class accuracy of conditional samples, Frechet
 distances in the evaluation network's feature space); ``diffusion_grid=PATH`` saves samples per class and SDEdit
 variations at degrees 0.2 / 0.5 / 0.8.
+
+``evalnet=<family>`` (``fmnist``, ``digits``, ...) handles that family's evaluation network instead of the public
+models: loaded from the cache or the shipped weights, or trained, with the settings of ``metrics.evalnet``
+(``conf/metrics/default.yaml``, the ones a run uses; ``metrics.evalnet.epochs=3`` etc. override them), and loaded
+from ``paths.data_dir`` as a run loads it, so the key is the one a run looks for. ``ship=true`` trains it afresh and
+writes it, with its sidecar (key, settings, test accuracy, sha256), into the package's shipped weights
+(``dpsyn/metrics/weights/``), replacing the family's previously shipped network.
 """
 
 from __future__ import annotations
@@ -73,14 +80,57 @@ def format_diffusion_summary(rec: dict[str, Any]) -> list[str]:
     return lines
 
 
+def format_evalnet_summary(record: dict[str, Any], seconds: float) -> str:
+    """The lines ``evalnet=<family>`` prints: where the network is, where it came from, its recorded quality."""
+    where = record.get("shipped") or record.get("path", "")
+    lines = [f"dpsyn: evaluation network '{record['key']}' ({record['source']}), ready in {seconds:.1f}s",
+             f"  weights  : {where}",
+             f"  settings : {record['settings']}, seed {record['seed']}",
+             f"  accuracy : val {record['val_acc']:.4f}, test {record['test_acc']:.4f}"
+             + (f", trained in {record['train_seconds']:.1f}s" if "train_seconds" in record else "")]
+    if "sha256" in record:
+        lines.append(f"  sha256   : {record['sha256']}")
+    return "\n".join(lines)
+
+
+def pretrain_evalnet(cfg: DictConfig) -> dict[str, Any]:
+    """Load or train (``ship=true``: train afresh and ship) the evaluation network of the family ``cfg.evalnet``."""
+    from pathlib import Path
+
+    from dpsyn.cli.train import _family_loader
+    from dpsyn.metrics.evalnet import load_or_train_evalnet, ship_evalnet
+
+    family = str(cfg.evalnet)
+    options = sorted(p.stem for p in (CONF_DIR / "dataset").glob("*.yaml"))
+    if family not in options:
+        raise ValueError(f"evalnet={family!r}: no such dataset config; allowed: {', '.join(options)}")
+    data = _family_loader(cfg)(family)
+    if data.kind != "image":
+        raise ValueError(f"evalnet={family!r}: evaluation networks are for image datasets, {family} is {data.kind}")
+    if data.family != family:
+        raise ValueError(f"evalnet={family!r}: {family}'s evaluation network is its family's: evalnet={data.family}")
+    settings = OmegaConf.to_container(cfg.metrics.evalnet, resolve=True)
+    if cfg.get("ship"):
+        weights, record = ship_evalnet(data, settings=settings)
+        return {**record, "source": "trained and shipped", "path": str(weights)}
+    _, record = load_or_train_evalnet(data, settings=settings, cache_dir=cfg.paths.cache_dir)
+    path = Path(cfg.paths.cache_dir) / "evalnet" / f"{record['key']}.safetensors"
+    return {**record, "path": str(path)}
+
+
 def pretrain(cfg: DictConfig) -> dict[str, Any]:
-    """Load or train ``cfg.public``; optionally save a grid of decoded features; return the provenance record."""
+    """Load or train ``cfg.public``; optionally save a grid of decoded features; return the provenance record.
+    With ``cfg.evalnet`` set, the family's evaluation network instead (:func:`pretrain_evalnet`)."""
     import torch
 
     from dpsyn.public import load_public_models
 
     if cfg.get("num_threads") is not None:
         torch.set_num_threads(int(cfg.num_threads))
+    if cfg.get("evalnet"):
+        return pretrain_evalnet(cfg)
+    if cfg.get("ship"):
+        raise ValueError("ship=true ships an evaluation network: give its family, evalnet=<family> (e.g. fmnist)")
     if cfg.get("diffusion"):  # the config error, if any, before any training
         from dpsyn.public.diffusion import check_diffusion_config
 
@@ -182,6 +232,9 @@ def _hydra_main(cfg: DictConfig) -> None:
     except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"dpsyn: pretrain: {err}", file=sys.stderr)
         sys.exit(2)
+    if cfg.get("evalnet"):
+        print(format_evalnet_summary(record, time.perf_counter() - t0))
+        return
     print(format_summary(record, time.perf_counter() - t0))
     if cfg.get("grid"):
         print(f"  grid      : {cfg.grid}")

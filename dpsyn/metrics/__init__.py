@@ -81,7 +81,8 @@ def _real_reference(env: dict[str, Any], data: DataBundle, cfg: Any) -> np.ndarr
 
 def _fidelity_info(env: dict[str, Any], data: DataBundle, cfg: Any, **extra: Any) -> dict[str, Any]:
     ext = _extractor(env, data, cfg)
-    return {"extractor": ext.name, "extractor_identity": ext.identity, "n_generated": len(env["samples"]),
+    source = {"extractor_source": ext.record["source"]} if "source" in getattr(ext, "record", {}) else {}
+    return {"extractor": ext.name, "extractor_identity": ext.identity, **source, "n_generated": len(env["samples"]),
             "n_real": min(int(cfg.n_real), len(data.eval)), "reference": f"{data.name} {data.eval_split} split", **extra}
 
 
