@@ -5,10 +5,10 @@ Prints the ratio (DP step time / plain step time) of each way dpsyn can make the
 constructions, :func:`dpsyn.lit.gan.split_dp_step` and Opacus's ``DPOptimizer`` as
 :func:`dpsyn.lit.dpsgd.dp_optimizer` builds it):
 
+* ``paired``: real row i and fake row i clipped together (Opacus's DCGAN example), per-sample gradients for all 2B
+  rows (the default, ``method.dpsgd_step=paired``);
 * ``split``: the real rows clipped and noised; m fake rows clipped per row (no noise: nothing private in them),
   averaged and added (``method.dpsgd_step=split``, m = ``method.split_fake_rows``, default B; ``split_m32``: m = 32);
-* ``paired``: real row i and fake row i clipped together (Opacus's DCGAN example), per-sample gradients for all 2B
-  rows;
 * each with Opacus's ``hooks`` or ``functorch`` per-sample gradients (``method.grad_sample_mode``);
 
 The line of the configured default (conf/method/dp_gan.yaml) is marked ``(default)``. Ratios differ between CPUs,

@@ -87,7 +87,7 @@ class DPGANSchema(MethodSchema):
     ngf: int = f(32, **POSITIVE)
     ndf: int = f(32, **POSITIVE)
     grad_sample_mode: str = f("hooks", choices=("hooks", "functorch"))
-    dpsgd_step: str = f("split", choices=("split", "paired"))
+    dpsgd_step: str = f("paired", choices=("paired", "split"))
     split_fake_rows: Optional[int] = f(None, ge=2)
     checkpoint_every: int = f(100, **NON_NEGATIVE)
     table_g_hidden: List[int] = f([64, 64], **WIDTHS)
@@ -108,7 +108,7 @@ class DPGANMISchema(MethodSchema):
     hidden: int = f(128, **POSITIVE)
     layers: int = f(4, ge=2)
     grad_sample_mode: str = f("hooks", choices=("hooks", "functorch"))
-    dpsgd_step: str = f("split", choices=("split", "paired"))
+    dpsgd_step: str = f("paired", choices=("paired", "split"))
     split_fake_rows: Optional[int] = f(None, ge=2)
     checkpoint_every: int = f(100, **NON_NEGATIVE)
 
