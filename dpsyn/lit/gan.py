@@ -18,8 +18,8 @@ The generator only sees the discriminator, so it is post-processing of the discr
     ``max_grad_norm`` like a real row's and averaged, and added to the privatised real-row sum / B. Removing a
     private record changes the clipped real sum by at most ``max_grad_norm`` and nothing else, so the sensitivity
     is unchanged. Measured on the default run (README, Speed): fake rows left unclipped drown the clipped real rows
-    (FD 426 against 145); with m = 32 the step costs 0.8x a paired one and the samples are slightly worse on
-    6 seeds (acc 0.47 vs 0.52, FD 151 vs 139), hence not the default;
+    (FD 409 against 145); with m = 32 the step costs 1.4x a plain step against paired's 2.3x, and the samples
+    are slightly worse on 6 seeds (acc 0.47 vs 0.52, FD 151 vs 139; not significant), hence not the default;
 * the clipped sum is noised and divided by the *expected* batch size (Poisson DP-SGD must not divide by the
   realised size).
 
@@ -323,7 +323,7 @@ def split_dp_step(optimizer: Any, D: Any, *, fake_loss: Callable[[], torch.Tenso
         D: the ``GradSampleModule`` it optimises.
         fake_loss: the summed loss of a data-independent batch of a *fixed* size m (the fake rows): it must not
             read private data or depend on the Poisson count. Its per-sample gradients are clipped to C like the
-            real rows' (unclipped, they drown the clipped real rows: measured, FD 426 against 146) and averaged;
+            real rows' (unclipped, they drown the clipped real rows: measured on the default run, FD 409 against 146) and averaged;
             no noise, since nothing private is in them.
         real_loss: the summed loss of the private Poisson batch, or None for an empty batch (noise alone).
         backward: how to backpropagate a loss (Lightning's ``manual_backward``; default ``loss.backward()``).
