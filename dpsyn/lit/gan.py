@@ -323,8 +323,8 @@ def split_dp_step(optimizer: Any, D: Any, *, fake_loss: Callable[[], torch.Tenso
         D: the ``GradSampleModule`` it optimises.
         fake_loss: the summed loss of a data-independent batch of a *fixed* size m (the fake rows): it must not
             read private data or depend on the Poisson count. Its per-sample gradients are clipped to C like the
-            real rows' (unclipped, they drown the clipped real rows: measured on the default run, FD 409 against 146) and averaged;
-            no noise, since nothing private is in them.
+            real rows' (unclipped, they drown the clipped real rows: measured on the default run, FD 409 against
+            146) and averaged; no noise, since nothing private is in them.
         real_loss: the summed loss of the private Poisson batch, or None for an empty batch (noise alone).
         backward: how to backpropagate a loss (Lightning's ``manual_backward``; default ``loss.backward()``).
 
