@@ -19,7 +19,6 @@ Usage: python benchmarks/dpsgd_step.py [--batch 128] [--steps 30] [--threads N]
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 import warnings
@@ -32,6 +31,7 @@ from torch.nn import functional as F
 
 from dpsyn.lit.dpsgd import dp_optimizer
 from dpsyn.lit.gan import split_dp_step
+from dpsyn.machine import cpu_model
 from dpsyn.nets.dcgan import CondDCGANDiscriminator
 
 MODES: tuple[tuple[str, str], ...] = (
@@ -39,17 +39,6 @@ MODES: tuple[tuple[str, str], ...] = (
     ("split_m32", "hooks"), ("split_m32", "functorch"),
 )
 """(construction, per-sample engine); ``split_m32``: a split step with 32 fake rows (``method.split_fake_rows=32``)."""
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def default_mode() -> tuple[str, str]:

@@ -651,6 +651,12 @@ def paper_pe_check(env: Env) -> dict[str, Any]:
     return out
 
 
+def _cpu_model() -> str:
+    from dpsyn.machine import cpu_model
+
+    return cpu_model()
+
+
 def ratio_dpsgd_check(env: Env) -> dict[str, Any]:
     import torch
 
@@ -760,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     header = {
         "device": args.device, "mode": "full sizes" if args.device == "cuda" else "CPU, smallest sizes",
-        "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else load_benchmark("dpsgd_step").cpu_model(),
+        "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else _cpu_model(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "state": "running", "limit_s": args.limit,
         "torch": torch.__version__, "python": platform.python_version(),
     }

@@ -55,6 +55,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from dpsyn.machine import cpu_model
 from dpsyn.methods.pe.histogram import dp_nn_histogram, faiss, nearest_neighbours
 from dpsyn.methods.pe.method import PE
 from dpsyn.privacy import dp_numpy_generator
@@ -257,17 +258,6 @@ def agreement(emb: Embeddings, lookahead: int, exact: Any, approx: Any, nn_index
     top = [set(np.argsort(-c, kind="stable")[:top_k].tolist()) for c in (a, b)]
     return (f"same vote {np.mean(ids_exact == ids_approx):.3f}, top-{top_k} overlap {len(top[0] & top[1]) / top_k:.3f}, "
             f"votes moved {np.abs(a - b).sum() / 2 / a.sum():.3f}")
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

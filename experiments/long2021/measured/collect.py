@@ -13,22 +13,13 @@ from __future__ import annotations
 
 import csv
 import json
-import platform
 import sys
 from pathlib import Path
 
+from dpsyn.machine import cpu_model
+
 FIELDS = ["run", "method", "dataset", "eps", "seed", "overrides", "projection", "teachers", "acc", "fd", "epsilon_spent", "accountant",
           "bound", "aggregate", "rounds", "answered_rate", "fit_s", "wall_s", "cpu", "git_sha"]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def row(run_dir: Path) -> dict[str, object]:
