@@ -34,22 +34,23 @@ def _rows(step: int, rank: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, *SHAPE, generator=g) * 3, torch.randint(0, CLASSES, (n,), generator=g)
 
 
-def _fakes(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _fakes(step: int, rank: int, n: int = B // WORLD) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fake rows: B/W for a split step; a paired step takes max(B/W, b) as GANModule does, and uses the first b."""
     g = torch.Generator().manual_seed(2000 + 10 * step + rank)
-    return torch.randn(B // WORLD, *SHAPE, generator=g), torch.randint(0, CLASSES, (B // WORLD,), generator=g)
+    return torch.randn(n, *SHAPE, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
 
 
 def _flat(params) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in params]).clone()
 
 
-def _rank(rank: int, port: int, out: str) -> None:
+def _rank(rank: int, port: int, out: str, mode: str = "split") -> None:
     import torch.distributed as dist
     from opacus import GradSampleModule
 
     from dpsyn.lit.ddp import DistributedPoissonBatchSampler
     from dpsyn.lit.dpsgd import dp_optimizer
-    from dpsyn.lit.gan import split_dp_step
+    from dpsyn.lit.gan import noise_only_step, split_dp_step
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
@@ -62,7 +63,19 @@ def _rank(rank: int, port: int, out: str) -> None:
         after = []
         for step, counts in enumerate(ROWS):
             x, y = _rows(step, rank, counts[rank])
-            fake, y_fake = _fakes(step, rank)
+            fake, y_fake = _fakes(step, rank, max(B // WORLD, len(x)) if mode == "paired" else B // WORLD)
+            if mode == "paired":  # GANModule's paired step: real row i and fake row i clipped together
+                if len(x):
+                    opt.zero_grad(set_to_none=True)
+                    loss = F.binary_cross_entropy_with_logits(gsm(x, y), torch.ones(len(x)), reduction="sum")
+                    loss = loss + F.binary_cross_entropy_with_logits(gsm(fake[: len(x)], y_fake[: len(x)]),
+                                                                     torch.zeros(len(x)), reduction="sum")
+                    loss.backward()
+                    opt.step()
+                else:
+                    noise_only_step(opt)
+                after.append(_flat(gsm.parameters()))
+                continue
             split_dp_step(
                 opt, gsm,
                 fake_loss=lambda: F.binary_cross_entropy_with_logits(gsm(fake, y_fake), torch.zeros(len(fake)),
@@ -78,6 +91,37 @@ def _rank(rank: int, port: int, out: str) -> None:
         torch.save({"after": after, "batches": batches, "num_batches": sampler.num_batches}, Path(out) / f"{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _reference_paired() -> list[torch.Tensor]:
+    """One process, paired step: every rank's (real_i, fake_i) pairs clipped as one row, summed, one draw from rank
+    0's generator, / B; SGD lr 1. Rank r pairs its b_r real rows with its first b_r fake rows."""
+    D = _disc()
+    params = list(D.parameters())
+    gen = torch.Generator().manual_seed(SEED)
+    out = []
+    for step, counts in enumerate(ROWS):
+        clipped = torch.zeros(sum(p.numel() for p in params))
+        for rank in range(WORLD):
+            x, y = _rows(step, rank, counts[rank])
+            fake, y_fake = _fakes(step, rank, max(B // WORLD, len(x)))
+            for i in range(len(x)):
+                D.zero_grad()
+                loss = F.binary_cross_entropy_with_logits(D(x[i:i + 1], y[i:i + 1]), torch.ones(1), reduction="sum")
+                loss = loss + F.binary_cross_entropy_with_logits(D(fake[i:i + 1], y_fake[i:i + 1]), torch.zeros(1),
+                                                                 reduction="sum")
+                loss.backward()
+                g = torch.cat([p.grad.flatten() for p in params])
+                clipped += g * min(1.0, CLIP / (g.norm().item() + 1e-6))
+        noise = torch.cat([torch.normal(0.0, NM * CLIP, size=p.shape, generator=gen).flatten() for p in params])
+        with torch.no_grad():
+            flat = _flat(params) - (clipped + noise) / B
+            i = 0
+            for p in params:
+                p.copy_(flat[i:i + p.numel()].view_as(p))
+                i += p.numel()
+        out.append(_flat(params))
+    return out
 
 
 def _reference() -> list[torch.Tensor]:
@@ -133,6 +177,21 @@ def test_two_gloo_ranks_clip_their_rows_and_add_the_noise_once_per_step(tmp_path
         assert len(g["batches"]) == g["num_batches"] == 10
         assert all(i % WORLD == r for batch in g["batches"] for i in batch)
     assert any(len(b) == 0 for g in got for b in g["batches"])
+
+
+def test_two_gloo_ranks_paired_step_adds_the_noise_once_per_step(tmp_path: Path) -> None:
+    """The default paired step under DDP (Opacus's DistributedDPOptimizer.step, and the noise-only step of an empty
+    shard) against the one-process reference with rank 0's noise replayed."""
+    import torch.multiprocessing as mp
+
+    from dpsyn.lit.ddp import _free_port
+
+    mp.spawn(_rank, args=(_free_port(), str(tmp_path), "paired"), nprocs=WORLD, join=True)
+    got = [torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(WORLD)]
+    want = _reference_paired()
+    for step in range(len(ROWS)):
+        assert torch.equal(got[0]["after"][step], got[1]["after"][step]), "the ranks' discriminators differ"
+        torch.testing.assert_close(got[0]["after"][step], want[step], rtol=1e-4, atol=1e-6)
 
 
 def test_the_reference_would_see_noise_on_every_rank() -> None:
