@@ -93,9 +93,23 @@ def _rank(rank: int, port: int, out: str, mode: str = "split") -> None:
         dist.destroy_process_group()
 
 
-def _reference_paired() -> list[torch.Tensor]:
-    """One process, paired step: every rank's (real_i, fake_i) pairs clipped as one row, summed, one draw from rank
-    0's generator, / B; SGD lr 1. Rank r pairs its b_r real rows with its first b_r fake rows."""
+def _clipped_row(D: torch.nn.Module, loss: torch.Tensor) -> torch.Tensor:
+    """The gradient of one row's loss, flattened and clipped to CLIP."""
+    D.zero_grad()
+    loss.backward()
+    g = torch.cat([p.grad.flatten() for p in D.parameters()])
+    return g * min(1.0, CLIP / (g.norm().item() + 1e-6))
+
+
+def _bce(D: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, target: float) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(D(x, y), torch.full((len(x),), target), reduction="sum")
+
+
+def _reference(mode: str = "split") -> list[torch.Tensor]:
+    """One process: every rank's rows clipped one at a time (``paired``: real row i with the rank's fake row i, as
+    one row), summed, one N(0, (NM*CLIP)^2) draw from rank 0's generator (Opacus's order: one tensor per parameter),
+    / B; ``split``: plus the mean of all fake rows' clipped gradients (each rank's mean, averaged over ranks: the
+    same count on every rank). SGD lr 1."""
     D = _disc()
     params = list(D.parameters())
     gen = torch.Generator().manual_seed(SEED)
@@ -106,51 +120,16 @@ def _reference_paired() -> list[torch.Tensor]:
             x, y = _rows(step, rank, counts[rank])
             fake, y_fake = _fakes(step, rank, max(B // WORLD, len(x)))
             for i in range(len(x)):
-                D.zero_grad()
-                loss = F.binary_cross_entropy_with_logits(D(x[i:i + 1], y[i:i + 1]), torch.ones(1), reduction="sum")
-                loss = loss + F.binary_cross_entropy_with_logits(D(fake[i:i + 1], y_fake[i:i + 1]), torch.zeros(1),
-                                                                 reduction="sum")
-                loss.backward()
-                g = torch.cat([p.grad.flatten() for p in params])
-                clipped += g * min(1.0, CLIP / (g.norm().item() + 1e-6))
+                loss = _bce(D, x[i:i + 1], y[i:i + 1], 1.0)
+                if mode == "paired":
+                    loss = loss + _bce(D, fake[i:i + 1], y_fake[i:i + 1], 0.0)
+                clipped += _clipped_row(D, loss)
         noise = torch.cat([torch.normal(0.0, NM * CLIP, size=p.shape, generator=gen).flatten() for p in params])
-        with torch.no_grad():
-            flat = _flat(params) - (clipped + noise) / B
-            i = 0
-            for p in params:
-                p.copy_(flat[i:i + p.numel()].view_as(p))
-                i += p.numel()
-        out.append(_flat(params))
-    return out
-
-
-def _reference() -> list[torch.Tensor]:
-    """One process: every rank's rows clipped one at a time, summed, one N(0, (NM*CLIP)^2) draw from rank 0's
-    generator (Opacus's order: one tensor per parameter), / B; plus the mean of all fake rows' clipped gradients; SGD lr 1."""
-    D = _disc()
-    params = list(D.parameters())
-    gen = torch.Generator().manual_seed(SEED)
-    out = []
-    for step, counts in enumerate(ROWS):
-        clipped = torch.zeros(sum(p.numel() for p in params))
-        for rank in range(WORLD):
-            x, y = _rows(step, rank, counts[rank])
-            for i in range(len(x)):
-                D.zero_grad()
-                F.binary_cross_entropy_with_logits(D(x[i:i + 1], y[i:i + 1]), torch.ones(1), reduction="sum").backward()
-                g = torch.cat([p.grad.flatten() for p in params])
-                clipped += g * min(1.0, CLIP / (g.norm().item() + 1e-6))
-        noise = torch.cat([torch.normal(0.0, NM * CLIP, size=p.shape, generator=gen).flatten() for p in params])
-        fake, rows = torch.zeros_like(clipped), 0
-        for f, yf in (_fakes(step, r) for r in range(WORLD)):
-            for j in range(len(f)):
-                D.zero_grad()
-                F.binary_cross_entropy_with_logits(D(f[j:j + 1], yf[j:j + 1]), torch.zeros(1),
-                                                   reduction="sum").backward()
-                g = torch.cat([p.grad.flatten() for p in params])
-                fake += g * min(1.0, CLIP / (g.norm().item() + 1e-6))
-                rows += 1
-        update = (clipped + noise) / B + fake / rows  # each rank's mean of clipped fake rows, averaged over ranks
+        update = (clipped + noise) / B
+        if mode == "split":
+            fakes = [_fakes(step, r) for r in range(WORLD)]
+            rows = [_clipped_row(D, _bce(D, f[j:j + 1], yf[j:j + 1], 0.0)) for f, yf in fakes for j in range(len(f))]
+            update += sum(rows) / len(rows)
         with torch.no_grad():
             flat = _flat(params) - update
             i = 0
@@ -188,7 +167,7 @@ def test_two_gloo_ranks_paired_step_adds_the_noise_once_per_step(tmp_path: Path)
 
     mp.spawn(_rank, args=(_free_port(), str(tmp_path), "paired"), nprocs=WORLD, join=True)
     got = [torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(WORLD)]
-    want = _reference_paired()
+    want = _reference("paired")
     for step in range(len(ROWS)):
         assert torch.equal(got[0]["after"][step], got[1]["after"][step]), "the ranks' discriminators differ"
         torch.testing.assert_close(got[0]["after"][step], want[step], rtol=1e-4, atol=1e-6)
