@@ -416,6 +416,24 @@ def _laplace(eps: float, delta: float, trials: int, noise: NoiseSource) -> Score
     return Scores(counts[empty], counts[canary], claimed, {"scale": 1.0 / eps, "delta_of_claim": 0.0})
 
 
+def _tuning_score(eps: float, delta: float, trials: int, noise: NoiseSource) -> Scores:
+    """Private tuning's DP score (:func:`dpsyn.private_tuning.noised_count`: a trial's count of correct validation
+    predictions + N(0, nm^2)), charged as ``GaussianEvent(nm)`` (sensitivity 1): a canary validation row, predicted
+    right, in half of the counts."""
+    from dpsyn.private_tuning import noised_count
+    from dpsyn.privacy import GaussianEvent
+
+    def claim(nm: float) -> float:
+        return _claimed(GaussianEvent(noise_multiplier=nm, label="audit: a DP score"), delta=delta)
+
+    nm = _calibrate(claim, eps)
+    canary, empty = _split_coordinates(2 * trials, np.random.default_rng(noise.seed))
+    counts = np.full(2 * trials, 500.0)
+    counts[canary] += 1.0
+    out = noised_count(counts, noise_multiplier=nm, generator=noise.numpy())
+    return Scores(out[empty], out[canary], claim(nm), {"noise_multiplier": nm})
+
+
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("dpsgd_step", "DP-SGD step (dp_gan, dp_dre: Opacus DPOptimizer), rate 1",
               lambda *a: _dpsgd(*a, empty_batch=False)),
@@ -435,6 +453,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("gs_wgan_sanitize", "GS-WGAN gradient sanitizer", _gs_wgan),
     Mechanism("laplace_class_counts", "Laplace class-ratio release (g_pate, pate_gan, dp_gan on tables)",
               _laplace),
+    Mechanism("private_tuning_score", "private tuning's DP score (noised count of correct validation rows)",
+              _tuning_score),
 )}
 
 

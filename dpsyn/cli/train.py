@@ -145,6 +145,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from dpsyn.methods import METHODS, PrivacyBudget, RunContext
     from dpsyn.methods.base import run_limits
     from dpsyn.metrics import evaluate, make_monitor
+    from dpsyn.private_tuning import is_private_trial, trial_score
     from dpsyn.privacy import PrivacyLedger
     from dpsyn.results.grid import save_sample_grid
     from dpsyn.results.io import atomic_save_npz, atomic_write_json, atomic_write_text
@@ -154,6 +155,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     t_start = time.perf_counter()
     settle_library_handlers()  # the libraries are imported now: each of their log lines printed once
     check_composed(cfg)
+    private_trial = is_private_trial(cfg)
     method_cls = METHODS.get(cfg.method.name)
     if cfg.trainer.get("strategy") == "dpsgd_ddp" and not method_cls.supports_ddp:
         raise ConfigError(f"trainer=ddp: method {cfg.method.name} does not train with multi-process DP-SGD; methods "
@@ -189,7 +191,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         cache_dir=str(cfg.paths.cache_dir),
         data_dir=str(cfg.paths.data_dir),
         public_classes=list(data.public_classes) if data.public_classes else None,
-        monitor=make_monitor(data, cfg.metrics, cache_dir=cfg.paths.cache_dir, load_family=_family_loader(cfg)),
+        # a private tuning trial computes nothing on the validation rows but its DP score (dpsyn.private_tuning)
+        monitor=None if private_trial else make_monitor(data, cfg.metrics, cache_dir=cfg.paths.cache_dir,
+                                                        load_family=_family_loader(cfg)),
     )
     method = method_cls(cfg.method, ctx)
     budget = PrivacyBudget(epsilon=eps, delta=delta)
@@ -237,6 +241,10 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         metrics, metric_s, metric_info = evaluate(
             samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir, seed=int(cfg.seed), load_family=_family_loader(cfg)
         )
+        if private_trial:  # the DP score replaces every metric; its noise is recorded in the ledger
+            metrics, metric_info = trial_score(metrics, metric_info, cfg, ledger)
+            ledger.save(run_dir / "privacy.json")
+            spent = ledger.epsilon(delta)
         tuning = tuning_release(cfg, ledger)
         if tuning:
             ledger.save(run_dir / "privacy.json")
@@ -244,7 +252,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         extra, extra_info = method.report()  # facts of the fitted method: it never gets the data
         metrics.update(extra)
         metric_info.update(extra_info)
-        target = method.membership_target()
+        target = None if private_trial else method.membership_target()
         if target is not None:  # attacks on the released models: dpsyn.metrics reads the private and eval rows
             from dpsyn.metrics.membership import evaluate_membership
 
@@ -303,8 +311,8 @@ def tuning_release(cfg: DictConfig, ledger: Any) -> dict[str, Any] | None:
     A trial of a tuning sweep (``tuning.objective`` set) hands its validation score to the sweeper, which chooses the
     next trial's settings from it: a release of private data without DP. A run whose settings were chosen that way
     (``tuning.tuned_on``, set by ``python -m dpsyn.cli.tune final``) depends on those scores: its output is not
-    covered by its own epsilon either. (Private tuning, Papernot & Steinke 2022, would charge a DP score per trial
-    and a random number of trials instead; not built yet.)
+    covered by its own epsilon either. Private tuning (``tuning.private=true``, :mod:`dpsyn.private_tuning`) charges a
+    DP score per trial and a random number of trials instead, and records neither of these events.
     """
     from dpsyn.privacy import NonPrivateEvent
 
@@ -396,6 +404,12 @@ def format_summary(result: dict[str, Any]) -> str:
         lines.append("  privacy : not differentially private (epsilon spent = inf): a reference, not a DP result")
     elif math.isinf(eps_t):
         lines.append("  privacy : non-private run (eps=inf, no noise)")
+    elif "tuning" in result and result["tuning"]["role"] == "private":
+        t = result["tuning"]
+        lines.append(f"  privacy : epsilon spent {spent:.4f} <= target {eps_t:g} at delta {result['delta']:g}, private "
+                     f"tuning of {', '.join(t['selected'])} (best of a {t['trials_distribution']} number of trials "
+                     f"at eps {t['trial_eps']:g} each; selected {t['selected']}, DP score {t['selected_dp_score']:.4f})")
+        lines.append(f"  accountant: {result['accountant']}")
     elif "tuning" in result:
         lines.append(f"  privacy : epsilon spent inf: the run spent its target {eps_t:g}, then non-private tuning "
                      + ("released its validation score" if result["tuning"]["role"] == "trial"
@@ -406,7 +420,8 @@ def format_summary(result: dict[str, Any]) -> str:
     width = max([len(k) for k in result["metrics"]] + [6])
     for k, v in result["metrics"].items():
         lines.append(f"  {k:<{width}} : {v:.4f}" if isinstance(v, float) else f"  {k:<{width}} : {v}")
-    lines.append(f"  time    : {result['timings']['total_s']:.1f}s")
+    if result["timings"].get("total_s") is not None:
+        lines.append(f"  time    : {result['timings']['total_s']:.1f}s")
     lines.append(f"  outputs : {result['run_dir']}")
     return "\n".join(lines)
 
@@ -427,7 +442,12 @@ def _hydra_main(cfg: DictConfig) -> float | None:
                   f"not depend on eps; result of {reused['reused_from']} reused")
             return reused["metrics"].get("acc")
     try:
-        result = run(cfg, run_dir)
+        if cfg.tuning.get("private"):
+            from dpsyn.private_tuning import private_search
+
+            result = private_search(cfg, run_dir)
+        else:
+            result = run(cfg, run_dir)
     except ConfigError as e:
         print(f"dpsyn: config error: {e}", file=sys.stderr)
         sys.exit(2)

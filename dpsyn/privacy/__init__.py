@@ -13,6 +13,7 @@ Public API (keyword-only arguments, Opacus's names):
 * :func:`dp_class_proportions` / :func:`dp_class_counts` — the Laplace mechanism on class counts (G-PATE's
   class-ratio release on tables).
 * :class:`PrivacyLedger` and its events — every release recorded, composed, saved as ``privacy.json``.
+* :mod:`dpsyn.privacy.tuning` — private tuning's cost (Papernot & Steinke 2022, :class:`RepeatAndSelectEvent`).
 * :func:`dp_generator` / :func:`dp_numpy_generator` — generators for DP noise, seeded from OS entropy.
 * :func:`gaussian_mechanism` / :func:`laplace_mechanism` — the only DP noise draws in dpsyn (numpy or torch).
 * :mod:`dpsyn.privacy.audit` (imported on its own) — empirical epsilon lower bounds from a distinguishing test
@@ -50,6 +51,7 @@ from dpsyn.privacy.ledger import (
     PrivacyEvent,
     PrivacyLedger,
     PATEEvent,
+    RepeatAndSelectEvent,
     SampledGaussianEvent,
 )
 from dpsyn.privacy.noise import dp_generator, dp_numpy_generator, gaussian_mechanism, laplace_mechanism
@@ -99,6 +101,7 @@ __all__ = [
     "PATESmoothRelease",
     "PrivacyEvent",
     "PrivacyLedger",
+    "RepeatAndSelectEvent",
     "SampledGaussianEvent",
     "calibrate_releases",
     "check_smooth_sensitivity_conditions",

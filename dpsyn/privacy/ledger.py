@@ -393,8 +393,101 @@ class PATEEvent(PrivacyEvent):
         return self.queries > 0 or self.smooth_release is not None
 
 
+def events_rdp(events: Sequence[PrivacyEvent], orders: Sequence[float]) -> np.ndarray:
+    """The RDP curve at ``orders`` of ``events`` composed: Opacus's sampled Gaussian RDP for DP-SGD,
+    ``count * alpha / (2 nm^2)`` for Gaussian events, each PATE event's curve, a repeat-and-select event's curve,
+    ``min(eps, alpha eps^2 / 2)`` for a pure-DP (delta 0) approximate-DP event.
+
+    Raises:
+        ValueError: For a non-private event or an approximate-DP event with delta > 0 (no RDP curve).
+    """
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    from dpsyn.privacy.tuning import pure_dp_rdp
+
+    orders = list(orders)
+    rdp = np.zeros(len(orders))
+    for e in events:
+        if isinstance(e, NonPrivateEvent):
+            raise ValueError(f"a non-private release has no RDP curve: {e.label!r}")
+        if isinstance(e, ApproxDPEvent):
+            if e.delta > 0.0:
+                raise ValueError(f"an (epsilon, delta)-DP event with delta > 0 has no RDP curve: {e.label!r}")
+            rdp += pure_dp_rdp(epsilon=e.epsilon, orders=orders)
+        elif isinstance(e, SampledGaussianEvent):
+            if e.steps > 0:
+                rdp += np.asarray(compute_rdp(q=e.sample_rate, noise_multiplier=e.noise_multiplier, steps=e.steps,
+                                              orders=orders))
+        elif isinstance(e, GaussianEvent):
+            rdp += e.count * gaussian_rdp(noise_multiplier=e.noise_multiplier, orders=orders)
+        elif isinstance(e, (PATEEvent, RepeatAndSelectEvent)):
+            if e.spends:
+                rdp += e.rdp(orders)
+        else:
+            raise ValueError(f"not a privacy event: {e!r}")
+    return rdp
+
+
+@dataclass(kw_only=True)
+class RepeatAndSelectEvent(PrivacyEvent):
+    """Private tuning (Papernot & Steinke 2022): a random number K of trials, each spending ``trial_events``, of which
+    only the best-scoring one is released (:mod:`dpsyn.privacy.tuning`; ``python train.py tuning.private=true``).
+
+    K is never recorded: it is part of the mechanism and stays secret. Every trial must have spent the same
+    data-independent RDP curve (the tuner checks it), which is why a data-dependent PATE bound is refused here.
+
+    Attributes:
+        trial_events: One trial's events, as :meth:`PrivacyEvent.to_dict` dicts (its training and its DP score).
+        mean_trials: E[K].
+        shape: The distribution of K: ``"inf"`` (Poisson; K = 0 releases nothing) or eta >= 0 of a truncated negative
+            binomial (0 logarithmic, 1 geometric).
+        label: Free text saying what was tuned.
+    """
+
+    kind: ClassVar[str] = "repeat_and_select"
+    trial_events: list
+    mean_trials: float
+    shape: Any
+
+    def __post_init__(self) -> None:
+        from dpsyn.privacy.tuning import check_trials_distribution
+
+        events = [e if isinstance(e, PrivacyEvent) else PrivacyEvent.from_dict(e) for e in self.trial_events]
+        for e in events:
+            if isinstance(e, RepeatAndSelectEvent):
+                raise ValueError("a tuning trial cannot itself be a tuning search")
+            if isinstance(e, PATEEvent) and e.bound == "data_dependent":
+                raise ValueError("a tuning trial's privacy must not depend on the data: the data-dependent PATE bound "
+                                 "is refused (use privacy bound data_independent)")
+        self.trial_events = [e.to_dict() for e in events]
+        mean, shape = check_trials_distribution(mean=self.mean_trials, shape=_decode_float(self.shape))
+        self.mean_trials, self.shape = mean, _encode_float(shape)
+        events_rdp(events, rdp_orders()[:1])  # refuses events without an RDP curve now, not when composing
+        self.label = _check_label(self.label)
+
+    def events(self) -> list[PrivacyEvent]:
+        """One trial's events, rebuilt."""
+        return [PrivacyEvent.from_dict(e) for e in self.trial_events]
+
+    @property
+    def spends(self) -> bool:
+        return True
+
+    def trial_rdp(self, orders: Sequence[float]) -> np.ndarray:
+        """One trial's RDP curve."""
+        return events_rdp(self.events(), orders)
+
+    def rdp(self, orders: Sequence[float]) -> np.ndarray:
+        """The search's RDP curve (:func:`dpsyn.privacy.tuning.repeat_and_select_rdp`)."""
+        from dpsyn.privacy.tuning import repeat_and_select_rdp
+
+        return repeat_and_select_rdp(rdp=self.trial_rdp(orders), orders=orders, mean=self.mean_trials,
+                                     shape=_decode_float(self.shape))
+
+
 EVENT_KINDS: dict[str, type[PrivacyEvent]] = {
-    cls.kind: cls for cls in (GaussianEvent, SampledGaussianEvent, ApproxDPEvent, NonPrivateEvent, PATEEvent)
+    cls.kind: cls
+    for cls in (GaussianEvent, SampledGaussianEvent, ApproxDPEvent, NonPrivateEvent, PATEEvent, RepeatAndSelectEvent)
 }
 
 
@@ -431,11 +524,12 @@ class _Plan:
     gaussian: list[GaussianEvent] = field(default_factory=list)
     sampled: list[SampledGaussianEvent] = field(default_factory=list)
     pate: list[PATEEvent] = field(default_factory=list)
+    select: list[RepeatAndSelectEvent] = field(default_factory=list)
 
     @property
     def rest(self) -> str:
         """Which rule composes the non-approximate events: "none", "gdp", "single", or "rdp"."""
-        if self.pate:
+        if self.pate or self.select:
             return "rdp"
         if not self.gaussian and not self.sampled:
             return "none"
@@ -583,6 +677,8 @@ class PrivacyLedger:
             elif isinstance(event, PATEEvent):
                 if event.spends:
                     plan.pate.append(event)
+            elif isinstance(event, RepeatAndSelectEvent):
+                plan.select.append(event)
         return plan
 
     @property
@@ -639,18 +735,8 @@ class PrivacyLedger:
                 accountant=e.accountant,
             )
         # Mixed events: RDP composes additively across mechanisms at each order.
-        from opacus.accountants.analysis.rdp import compute_rdp
-
         orders = rdp_orders()
-        rdp = np.zeros(len(orders))
-        for e in plan.sampled:
-            rdp += np.asarray(
-                compute_rdp(q=e.sample_rate, noise_multiplier=e.noise_multiplier, steps=e.steps, orders=orders)
-            )
-        for g in plan.gaussian:
-            rdp += g.count * gaussian_rdp(noise_multiplier=g.noise_multiplier, orders=orders)
-        for p in plan.pate:
-            rdp += p.rdp(orders)
+        rdp = events_rdp([*plan.sampled, *plan.gaussian, *plan.pate, *plan.select], orders)
         return rdp_to_epsilon(rdp=rdp, orders=orders, delta=delta)[0]
 
     def accountant_description(self) -> str:
@@ -674,7 +760,7 @@ class PrivacyLedger:
             e = plan.sampled[0]
             orders = f", {rdp_orders_description()}" if e.accountant == "rdp" else ""
             desc = f"{e.accountant} (opacus {ver}{orders}), {e.sampling} sampling"
-        elif not plan.pate:
+        elif not plan.pate and not plan.select:
             samplings = sorted({e.sampling for e in plan.sampled})
             desc = (
                 f"rdp (opacus {ver}, {rdp_orders_description()}) composition of mixed events, "
@@ -692,6 +778,15 @@ class PrivacyLedger:
                         extra += "; raw: a function of the private votes, not itself a DP release"
                     name = bound.replace("_", "-")
                     parts.append(f"{len(events)} pate confident-gnmax event(s) ({name} bound{extra})")
+            if plan.select:
+                from dpsyn.privacy.tuning import trials_distribution_name
+
+                for r in plan.select:
+                    dist = trials_distribution_name(mean=r.mean_trials, shape=_decode_float(r.shape))
+                    kinds = [e.kind.replace("_", "-") for e in r.events()]
+                    inner = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+                    parts.append(f"repeat-and-select (Papernot & Steinke 2022, {dist} trials) of a trial's RDP "
+                                 f"({inner} event(s))")
             if plan.sampled:
                 samplings = sorted({e.sampling for e in plan.sampled})
                 parts.append(f"{len(plan.sampled)} dp-sgd event(s) ({'/'.join(samplings)} sampling)")
