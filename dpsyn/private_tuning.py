@@ -164,6 +164,9 @@ def _check(cfg: DictConfig) -> dict[str, Any]:
     nm = float(t.score_noise_multiplier)
     if not nm > 0:
         raise ConfigError(f"tuning.score_noise_multiplier={nm}: must be > 0")
+    if cfg.dataset.get("kind") != "image":
+        raise ConfigError(f"tuning.private=true: dataset={cfg.dataset.name} is a {cfg.dataset.get('kind')} dataset; "
+                          "trials score by downstream accuracy, so image datasets only")
     if cfg.metrics.split != "eval":
         raise ConfigError("tuning.private=true: leave metrics.split=eval (the trials score on validation rows, the "
                           "published run on the eval split)")

@@ -289,6 +289,7 @@ def test_the_number_of_trials_comes_from_os_entropy_unless_deterministic(make_cf
     (("eps=inf",), "finite eps"),
     (("tuning.mean_trials=0.5",), ">= 1"),
     (("metrics.split=validation",), "leave metrics.split=eval"),
+    (("dataset=breast_cancer",), "image datasets only"),
 ])
 def test_bad_search_settings_are_refused_before_any_trial(make_cfg, tmp_path: Path, extra, match) -> None:
     from dpsyn.private_tuning import private_search
