@@ -17,18 +17,33 @@ from dpsyn.paths import CONF_DIR, REPO_DIR
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (``make test``), each worker gets its share of the cores for torch's intra-op threads:
-    two workers of two threads each on two cores would contend (and run slower than one thread each)."""
+    two workers of two threads each on two cores would contend (and run slower than one thread each). The processes
+    a test starts (``python train.py``, the audit CLI, ...) inherit the same share through OMP_NUM_THREADS, unless
+    it is set already."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache per test session (evaluation networks are trained once, then reused)."""
-    return Path(os.environ.get("DPSYN_TEST_CACHE_DIR") or tmp_path_factory.mktemp("cache"))
+    """One cache per test session (evaluation networks and the tiny public models are trained once, then reused).
+
+    Under pytest-xdist the workers share it (a folder of the session's temporary root, which xdist gives every
+    worker's own temporary folder as parent): what one worker trained, the other loads. Every writer of the cache
+    writes atomically (a temporary file renamed into place, the sidecar last), so two workers that miss the same
+    entry at once both train it and one copy wins, whole."""
+    if os.environ.get("DPSYN_TEST_CACHE_DIR"):
+        return Path(os.environ["DPSYN_TEST_CACHE_DIR"])
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "cache"
+        shared.mkdir(exist_ok=True)
+        return shared
+    return tmp_path_factory.mktemp("cache")
 
 
 def compose_cfg(overrides: list[str] | None = None) -> DictConfig:
