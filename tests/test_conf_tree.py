@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from dpsyn.cli.config_check import ConfigError, check_composed, datasets_with_public, group_options
 from dpsyn.cli.tables import PROFILES
 from dpsyn.paths import CONF_DIR
-from tests.tiny import TINY
+from tests.tiny import IMAGE_METRICS, TINY
 
 
 def test_method_dataset_files_hold_real_per_pair_deviations() -> None:
@@ -82,7 +82,7 @@ def test_run_loads_public_data_only_for_methods_that_use_it(method: str, loads_p
         return original(cfg, **kw)
 
     monkeypatch.setattr(dpsyn.data, "load_dataset", spy)
-    cfg = make_cfg(*TINY[method], "dataset=fmnist_shoes")
+    cfg = make_cfg(*TINY[method], "dataset=fmnist_shoes", *IMAGE_METRICS)  # no image metric: only the data is checked
     result = run(cfg, tmp_path / "run")
     assert seen and seen[0] is loads_public
     assert result["data"]["public"] == ("fmnist_public" if loads_public else None)

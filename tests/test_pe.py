@@ -21,7 +21,10 @@ from tests.conftest import run_context
 from tests.tiny import TINY_PUBLIC
 
 TINY_PE = ("method.population=60", "method.degrees=[0.6,0.4,0.3]", "method.lookahead=1", "method.threshold=1.0",
-           "dataset.n_private=300", "metrics.n_samples=200", "metrics.n_real=300")
+           "dataset.n_private=300", "metrics.n_samples=200", "metrics.n_real=300", "method.public_pool=300")
+# for the runs whose metrics no test reads: no image metric, no per-iteration monitoring (both on in the end-to-end
+# test below)
+UNSCORED = ("metrics.names.image=[]", "method.monitor=false")
 
 
 def _brute_force_counts(priv: np.ndarray, syn: np.ndarray, priv_y=None, syn_y=None) -> np.ndarray:
@@ -365,7 +368,7 @@ def test_pe_conditional_with_dp_class_counts(make_cfg, tmp_path: Path) -> None:
     from dpsyn.cli.train import run
 
     cfg = make_cfg("method=pe", "dataset=fmnist_shoes", "eps=1", *TINY_PUBLIC, *TINY_PE, "method.conditional=true",
-                   "method.class_proportions=dp", "method.lookahead=0")
+                   "method.class_proportions=dp", "method.lookahead=0", *UNSCORED)
     result = run(cfg, tmp_path / "run")
     events = result["privacy_events"]
     assert len(events) == 4 and "class counts" in events[0]["label"]  # 3 histograms + the counts, one sigma
@@ -381,7 +384,7 @@ class _Killed(RuntimeError):
 def test_resume_after_a_kill_continues_with_the_same_ledger(make_cfg, tmp_path: Path, monkeypatch, stage) -> None:
     from dpsyn.cli.train import run
 
-    cfg = make_cfg("method=pe", "dataset=fmnist_shoes", "eps=1", *TINY_PUBLIC, *TINY_PE,
+    cfg = make_cfg("method=pe", "dataset=fmnist_shoes", "eps=1", *TINY_PUBLIC, *TINY_PE, *UNSCORED,
                    "privacy.deterministic_noise=true")
     real_select, real_look = pe_method.select_parents, pe_method.PE._lookahead_embedding
     calls = {"select": 0}
@@ -432,7 +435,7 @@ def test_resume_after_a_kill_continues_with_the_same_ledger(make_cfg, tmp_path: 
 def test_resume_refuses_another_calibration(make_cfg, tmp_path: Path, monkeypatch) -> None:
     from dpsyn.cli.train import run
 
-    cfg = make_cfg("method=pe", "dataset=fmnist_shoes", "eps=1", *TINY_PUBLIC, *TINY_PE)
+    cfg = make_cfg("method=pe", "dataset=fmnist_shoes", "eps=1", *TINY_PUBLIC, *TINY_PE, *UNSCORED)
     real_log = pe_method.PE._log_iteration
 
     def die(self, t, pop, *, extra):
@@ -444,7 +447,7 @@ def test_resume_refuses_another_calibration(make_cfg, tmp_path: Path, monkeypatc
     with pytest.raises(_Killed):
         run(cfg, tmp_path / "run")
     monkeypatch.undo()
-    cfg2 = make_cfg("method=pe", "dataset=fmnist_shoes", "eps=2", *TINY_PUBLIC, *TINY_PE)
+    cfg2 = make_cfg("method=pe", "dataset=fmnist_shoes", "eps=2", *TINY_PUBLIC, *TINY_PE, *UNSCORED)
     with pytest.raises(ValueError, match="another configuration"):
         run(cfg2, tmp_path / "run")
 
