@@ -13,6 +13,13 @@ from dpsyn.cli.train import run
 from dpsyn.methods.privgan import split_owners
 
 
+# the data-flow tests below check who sees which rows, not what the models learn: small networks (the paper's MLPs
+# are 256-512 wide), and the attacks' extras (per-owner utility: a classifier per owner scored on the 10k eval
+# split; the Monte-Carlo attack) only where a test reads them
+SMALL_NETS = ("method.g_hidden=[32]", "method.d_hidden=[32]")
+NO_ATTACK_EXTRAS = ("method.attack.per_owner_utility=0", "method.attack.monte_carlo=0")
+
+
 def _row_hashes(x: np.ndarray | torch.Tensor) -> set[str]:
     arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
     return {hashlib.sha1(np.ascontiguousarray(r, dtype=np.float32).tobytes()).hexdigest() for r in arr}
@@ -81,7 +88,8 @@ def test_each_discriminator_sees_only_its_owner_and_central_only_generated(
     """Per-class models (the default): model c's D_i sees only owner i's rows of class c; D_p sees no real row;
     the local GANs (`gan`) have no D_p at all."""
     seen = _record_forward_inputs(monkeypatch)
-    cfg = make_cfg(f"method={method}", "method.owners=[0.01,0.02]", "metrics.names.image=[]", "metrics.n_samples=40")
+    cfg = make_cfg(f"method={method}", "method.owners=[0.01,0.02]", *SMALL_NETS, "method.attack.utility.epochs=1",
+                   "metrics.names.image=[]", "metrics.n_samples=40")
     result = run(cfg, tmp_path / "run")
     assert {"mia_wb_acc_max", "mia_wb_acc_mean", "mia_wb_baseline", "mia_mc_acc", "mia_mc_auc", "acc_owner0",
             "acc_owner1"} <= set(result["metrics"])
@@ -114,7 +122,8 @@ def test_central_pretraining_shows_real_data_to_dp_and_says_so(make_cfg, tmp_pat
     """dp_pretrain=true (off by default, as in the paper): D_p sees the owners' real rows, and the ledger records it."""
     seen = _record_forward_inputs(monkeypatch)
     cfg = make_cfg("method=privgan", "method.owners=[0.01,0.02]", "method.per_class=false", "method.dp_pretrain=true",
-                   "method.dp_pretrain_epochs=1", "metrics.names.image=[]", "metrics.n_samples=40")
+                   "method.dp_pretrain_epochs=1", *SMALL_NETS, *NO_ATTACK_EXTRAS, "metrics.names.image=[]",
+                   "metrics.n_samples=40")
     result = run(cfg, tmp_path / "run")
     assert "D_p pretrained on the owners' real data" in result["privacy_events"][0]["label"]
     owner_rows, label_of = _owner_rows(cfg, [0.01, 0.02])
@@ -160,7 +169,8 @@ def test_decentralized_mode_sends_only_central_discriminator_updates(make_cfg, t
 
     cfg = make_cfg("method=privgan", "method.mode=decentralized", "method.owners=[0.005,0.01]", "method.epochs=2",
                    "method.per_class=false", "method.dp_pretrain=true", "method.dp_pretrain_epochs=1",
-                   "method.batch_size=64", "trainer.max_epochs=null", "metrics.names.image=[fd]", "metrics.n_samples=200")
+                   "method.batch_size=64", "trainer.max_epochs=null", *SMALL_NETS, *NO_ATTACK_EXTRAS,
+                   "metrics.names.image=[fd]", "metrics.n_samples=200")
     result = run(cfg, tmp_path / "run")
     assert {"mia_wb_acc_max", "mia_wb_baseline", "fd_fmnist"} <= set(result["metrics"])
     assert "decentralized" in result["privacy_events"][0]["label"]
