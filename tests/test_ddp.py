@@ -44,46 +44,20 @@ def _flat(params) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in params]).clone()
 
 
-def _rank(rank: int, port: int, out: str, mode: str = "split") -> None:
+MODES = ("split", "paired")
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    """One rank: the three steps of each mode in turn (a fresh discriminator and optimizer each), then the sampler;
+    ``<out>/<rank>.pt`` holds ``{mode: [parameters after each step]}``, the batches and their count."""
     import torch.distributed as dist
-    from opacus import GradSampleModule
 
     from dpsyn.lit.ddp import DistributedPoissonBatchSampler
-    from dpsyn.lit.dpsgd import dp_optimizer
-    from dpsyn.lit.gan import noise_only_step, split_dp_step
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
-        gsm = GradSampleModule(_disc(), loss_reduction="sum")
-        # rank 1 gets a generator of its own: if it drew noise, the update would not match rank 0's replay
-        gen = torch.Generator().manual_seed(SEED if rank == 0 else SEED + 99)
-        opt = dp_optimizer(torch.optim.SGD(gsm.parameters(), lr=1.0), noise_multiplier=NM, max_grad_norm=CLIP,
-                           expected_batch_size=B // WORLD, generator=gen, distributed=True)
-        after = []
-        for step, counts in enumerate(ROWS):
-            x, y = _rows(step, rank, counts[rank])
-            fake, y_fake = _fakes(step, rank, max(B // WORLD, len(x)) if mode == "paired" else B // WORLD)
-            if mode == "paired":  # GANModule's paired step: real row i and fake row i clipped together
-                if len(x):
-                    opt.zero_grad(set_to_none=True)
-                    loss = F.binary_cross_entropy_with_logits(gsm(x, y), torch.ones(len(x)), reduction="sum")
-                    loss = loss + F.binary_cross_entropy_with_logits(gsm(fake[: len(x)], y_fake[: len(x)]),
-                                                                     torch.zeros(len(x)), reduction="sum")
-                    loss.backward()
-                    opt.step()
-                else:
-                    noise_only_step(opt)
-                after.append(_flat(gsm.parameters()))
-                continue
-            split_dp_step(
-                opt, gsm,
-                fake_loss=lambda: F.binary_cross_entropy_with_logits(gsm(fake, y_fake), torch.zeros(len(fake)),
-                                                                     reduction="sum"),
-                real_loss=(lambda: F.binary_cross_entropy_with_logits(gsm(x, y), torch.ones(len(x)), reduction="sum"))
-                if len(x) else None,
-            )
-            after.append(_flat(gsm.parameters()))
+        after = {mode: _rank_steps(rank, mode) for mode in MODES}
         # the Poisson sampler: this rank's shard only, one batch per step, empty ones included
         sampler = DistributedPoissonBatchSampler(total_size=11, sample_rate=0.1,
                                                  generator=torch.Generator().manual_seed(rank))
@@ -91,6 +65,45 @@ def _rank(rank: int, port: int, out: str, mode: str = "split") -> None:
         torch.save({"after": after, "batches": batches, "num_batches": sampler.num_batches}, Path(out) / f"{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _rank_steps(rank: int, mode: str) -> list[torch.Tensor]:
+    """This rank's side of the three DP steps of ``mode`` (in an initialised process group)."""
+    from opacus import GradSampleModule
+
+    from dpsyn.lit.dpsgd import dp_optimizer
+    from dpsyn.lit.gan import noise_only_step, split_dp_step
+
+    gsm = GradSampleModule(_disc(), loss_reduction="sum")
+    # rank 1 gets a generator of its own: if it drew noise, the update would not match rank 0's replay
+    gen = torch.Generator().manual_seed(SEED if rank == 0 else SEED + 99)
+    opt = dp_optimizer(torch.optim.SGD(gsm.parameters(), lr=1.0), noise_multiplier=NM, max_grad_norm=CLIP,
+                       expected_batch_size=B // WORLD, generator=gen, distributed=True)
+    after = []
+    for step, counts in enumerate(ROWS):
+        x, y = _rows(step, rank, counts[rank])
+        fake, y_fake = _fakes(step, rank, max(B // WORLD, len(x)) if mode == "paired" else B // WORLD)
+        if mode == "paired":  # GANModule's paired step: real row i and fake row i clipped together
+            if len(x):
+                opt.zero_grad(set_to_none=True)
+                loss = F.binary_cross_entropy_with_logits(gsm(x, y), torch.ones(len(x)), reduction="sum")
+                loss = loss + F.binary_cross_entropy_with_logits(gsm(fake[: len(x)], y_fake[: len(x)]),
+                                                                 torch.zeros(len(x)), reduction="sum")
+                loss.backward()
+                opt.step()
+            else:
+                noise_only_step(opt)
+            after.append(_flat(gsm.parameters()))
+            continue
+        split_dp_step(
+            opt, gsm,
+            fake_loss=lambda: F.binary_cross_entropy_with_logits(gsm(fake, y_fake), torch.zeros(len(fake)),
+                                                                 reduction="sum"),
+            real_loss=(lambda: F.binary_cross_entropy_with_logits(gsm(x, y), torch.ones(len(x)), reduction="sum"))
+            if len(x) else None,
+        )
+        after.append(_flat(gsm.parameters()))
+    return after
 
 
 def _clipped_row(D: torch.nn.Module, loss: torch.Tensor) -> torch.Tensor:
@@ -140,37 +153,39 @@ def _reference(mode: str = "split") -> list[torch.Tensor]:
     return out
 
 
-def test_two_gloo_ranks_clip_their_rows_and_add_the_noise_once_per_step(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def gloo_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """What each of the 2 gloo ranks saved: one spawn runs both modes' steps (a spawn costs each rank its imports)."""
     import torch.multiprocessing as mp
 
     from dpsyn.lit.ddp import _free_port
 
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
-    got = [torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(WORLD)]
+    out = tmp_path_factory.mktemp("gloo_ranks")
+    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_two_gloo_ranks_clip_their_rows_and_add_the_noise_once_per_step(gloo_ranks: list[dict]) -> None:
+    got = [g["after"]["split"] for g in gloo_ranks]
     want = _reference()
     for step in range(len(ROWS)):
-        assert torch.equal(got[0]["after"][step], got[1]["after"][step]), "the ranks' discriminators differ"
-        torch.testing.assert_close(got[0]["after"][step], want[step], rtol=1e-4, atol=1e-6)
+        assert torch.equal(got[0][step], got[1][step]), "the ranks' discriminators differ"
+        torch.testing.assert_close(got[0][step], want[step], rtol=1e-4, atol=1e-6)
     # the sampler: rank r holds rows r, r+2, ...; every step yields a batch (some empty), as many on every rank
-    for r, g in enumerate(got):
+    for r, g in enumerate(gloo_ranks):
         assert len(g["batches"]) == g["num_batches"] == 10
         assert all(i % WORLD == r for batch in g["batches"] for i in batch)
-    assert any(len(b) == 0 for g in got for b in g["batches"])
+    assert any(len(b) == 0 for g in gloo_ranks for b in g["batches"])
 
 
-def test_two_gloo_ranks_paired_step_adds_the_noise_once_per_step(tmp_path: Path) -> None:
+def test_two_gloo_ranks_paired_step_adds_the_noise_once_per_step(gloo_ranks: list[dict]) -> None:
     """The default paired step under DDP (Opacus's DistributedDPOptimizer.step, and the noise-only step of an empty
     shard) against the one-process reference with rank 0's noise replayed."""
-    import torch.multiprocessing as mp
-
-    from dpsyn.lit.ddp import _free_port
-
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path), "paired"), nprocs=WORLD, join=True)
-    got = [torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(WORLD)]
+    got = [g["after"]["paired"] for g in gloo_ranks]
     want = _reference("paired")
     for step in range(len(ROWS)):
-        assert torch.equal(got[0]["after"][step], got[1]["after"][step]), "the ranks' discriminators differ"
-        torch.testing.assert_close(got[0]["after"][step], want[step], rtol=1e-4, atol=1e-6)
+        assert torch.equal(got[0][step], got[1][step]), "the ranks' discriminators differ"
+        torch.testing.assert_close(got[0][step], want[step], rtol=1e-4, atol=1e-6)
 
 
 def test_the_reference_would_see_noise_on_every_rank() -> None:
