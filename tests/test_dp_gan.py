@@ -16,6 +16,11 @@ from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from tests.conftest import run_context
 
 
+# end-to-end runs on fmnist whose checks do not depend on the networks' width or on image metrics: a narrow DCGAN (the
+# default is 32 wide) and few samples
+SMALL_IMAGE_RUN = ("method.ngf=8", "method.ndf=8", "metrics.names.image=[]", "metrics.n_samples=60")
+
+
 def _d() -> CondDCGANDiscriminator:
     torch.manual_seed(0)
     return CondDCGANDiscriminator(num_classes=3, channels=1, resolution=28, ndf=4)
@@ -86,7 +91,7 @@ def test_dp_gan_noise_is_not_reproducible_from_the_seed(make_cfg, tmp_path) -> N
 
         m.DPGAN.fit = fit
         try:
-            run(make_cfg("method=dp_gan", "eps=1", "metrics.names.image=[]", *over), tmp_path / str(len(list(tmp_path.iterdir()))))
+            run(make_cfg("method=dp_gan", "eps=1", *SMALL_IMAGE_RUN, *over), tmp_path / str(len(list(tmp_path.iterdir()))))
         finally:
             m.DPGAN.fit = orig_fit
         return captured["w"]
@@ -117,7 +122,7 @@ def test_a_crashed_run_resumes_from_its_checkpoint_without_spending_twice(make_c
     from dpsyn.privacy import PrivacyLedger, dpsgd_epsilon
 
     over = ("method=dp_gan", "eps=1", "trainer.limit_train_batches=10", "method.checkpoint_every=3",
-            "metrics.names.image=[]", "metrics.n_samples=50")
+            *SMALL_IMAGE_RUN[:2], "metrics.names.image=[]", "metrics.n_samples=50")
     original = gan.GANModule.training_step
 
     def crash_at_7(self, batch, idx):
