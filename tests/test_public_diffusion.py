@@ -281,9 +281,11 @@ def test_pretrain_architecture_matches_the_shipped_weights() -> None:
 
 
 def test_shipped_model_variation_degree_controls_distance() -> None:
-    """Averaged over a batch, SDEdit at degree 0.2 stays much closer (pixel MSE) to its input than at degree 1."""
+    """Averaged over a batch, SDEdit at degree 0.2 stays much closer (pixel MSE) to its input than at degree 1.
+
+    One image per class: the ratio is ~0.03 with 1 or 3 per class (measured), far below the 0.5 asserted."""
     model = EmbeddedDiffusion.from_checkpoint(_shipped(), device="cpu")
-    labels = np.repeat(np.arange(10), 3)
+    labels = np.arange(10)
     x = model.random(labels, generator=torch.Generator().manual_seed(0))
     mse = {d: float(((model.variation(x, labels, degree=d, generator=torch.Generator().manual_seed(1)) - x) ** 2)
                     .mean()) for d in (0.2, 1.0)}
