@@ -200,7 +200,8 @@ def test_g_pate_runs_end_to_end_within_its_budget(make_cfg, tmp_path) -> None:
     from dpsyn.cli.train import run
     from dpsyn.privacy import PrivacyLedger, pate_data_independent_epsilon
 
-    result = run(make_cfg(*SMOKE, "eps=1", "metrics.n_samples=200"), tmp_path / "run")
+    result = run(make_cfg(*SMOKE, "eps=1", "metrics.names.image=[acc]", "metrics.n_samples=200"),
+                 tmp_path / "run")  # acc: the one metric read below
     (event,) = result["privacy_events"]
     assert event["kind"] == "pate" and event["bound"] == "data_independent"
     assert event["queries"] == 5 * 4 * 2  # trainer=debug: 5 steps of b*k queries
