@@ -13,7 +13,7 @@ import torch
 
 from dpsyn.data.base import Split
 from dpsyn.methods import METHODS, PrivacyBudget, RunContext, pate_gan
-from dpsyn.methods.pate_gan import binary_votes, student_labels, teacher_update
+from dpsyn.methods.pate_gan import binary_votes, student_labels, teacher_update, vote_cuts
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherEnsemble, TeacherPartitions
 from dpsyn.privacy import PrivacyLedger, pate_data_independent_epsilon
 from tests.conftest import crash_on_call, run_context
@@ -112,6 +112,72 @@ def test_student_labels_follow_unanimous_teachers_and_unanswered_queries_are_dro
     assert not answered.any() and label.tolist() == [-1, -1]  # threshold not met: nothing for the student
     answered, label = student_labels(votes, sigma_threshold=None, sigma=None, threshold=None, generator=None)
     assert answered.all() and label.tolist() == [1, 0, 1]  # eps=inf: plain argmax
+
+
+def test_each_teacher_cuts_at_its_own_quantile_of_the_generated_samples() -> None:
+    """vote_quantile: teacher i votes "real" above the quantile of its own logits on the step's samples, so teachers
+    that call every sample fake (all logits < 0) still split the samples by how real they look to them."""
+    ref = torch.tensor([[-9.0, -5.0, -3.0, -1.0], [-4.0, -3.0, -2.0, -1.0], [1.0, 2.0, 3.0, 4.0]])  # 3 teachers
+    cut = vote_cuts(ref, 0.5)
+    torch.testing.assert_close(cut, torch.tensor([-4.0, -2.5, 2.5]))
+    assert binary_votes(ref).tolist() == [[2, 1]] * 4  # the cut at 0: only the third teacher ever says real
+    assert binary_votes(ref, cut).tolist() == [[3, 0], [3, 0], [0, 3], [0, 3]]  # each teacher: its upper half
+    assert binary_votes(ref, vote_cuts(ref, 0.7)).sum(1).tolist() == [3] * 4  # one vote per teacher per query
+
+
+def test_the_teachers_cuts_keep_one_vote_per_teacher_between_neighbouring_datasets() -> None:
+    """The PATE sensitivity with vote_quantile: replacing every row of one partition moves at most one vote of each
+    query (that teacher's), its cut included, since the cut is that teacher's own function of generated samples."""
+    n = 7
+    torch.manual_seed(0)
+    x_all, y_all = torch.rand(70, 1, 28, 28), torch.randint(0, 3, (70,))
+    parts = TeacherPartitions(70, n, generator=torch.Generator().manual_seed(0))
+    fake, fake_y = torch.rand(16, 1, 28, 28), torch.randint(0, 3, (16,))
+    queries, query_y = torch.rand(64, 1, 28, 28), torch.randint(0, 3, (64,))
+    torch.manual_seed(1)
+    modules = [CondConvTeacher(num_classes=3, channels=1, resolution=28, ndf=2) for _ in range(n)]
+
+    def votes(x: torch.Tensor) -> torch.Tensor:
+        ens = TeacherEnsemble.from_modules(copy.deepcopy(modules), lr=1e-2)
+        teacher_update(ens, copy.deepcopy(parts), x, y_all, fake, fake_y, steps=3, batch=4)
+        with torch.no_grad():
+            return binary_votes(ens.forward_shared(queries, query_y), vote_cuts(ens.forward_shared(fake, fake_y), 0.5))
+
+    base = votes(x_all)
+    x_pert = x_all.clone()
+    x_pert[parts.rows[2]] = torch.rand(parts.size, 1, 28, 28) * 0.1  # every row of partition 2 (and no other)
+    pert = votes(x_pert)
+    assert (base.sum(1) == n).all() and (pert.sum(1) == n).all()
+    assert (base - pert).abs().max() <= 1  # one teacher, one vote per query
+    assert (base != pert).any()  # and the perturbed teacher did move some
+
+
+@pytest.mark.parametrize("quantile", [None, 0.25])
+def test_fit_votes_with_each_teachers_cut_when_asked(make_cfg, monkeypatch, quantile) -> None:
+    """method.vote_quantile reaches the votes: every step's cuts are each teacher's quantile of its logits on the
+    step's generated samples (None: the cut at 0); and teacher_arch=gpate builds G-PATE's teacher."""
+    cuts: list[torch.Tensor | None] = []
+    original = pate_gan.binary_votes
+
+    def spy(logits, cut=None):
+        cuts.append(cut)
+        return original(logits, cut)
+
+    monkeypatch.setattr(pate_gan, "binary_votes", spy)
+    method = _method(make_cfg, _image_ctx(), f"method.vote_quantile={'null' if quantile is None else quantile}",
+                     "method.teacher_arch=gpate")
+    assert isinstance(method._make_teacher()(), pate_gan.CondPATETeacher)
+    method.fit(_image_split(), PrivacyBudget(math.inf, 1e-5), PrivacyLedger(target_epsilon=math.inf, delta=1e-5))
+    assert len(cuts) == 5
+    if quantile is None:
+        assert all(c is None for c in cuts)
+    else:
+        assert all(c is not None and c.shape == (10,) and c.isfinite().all() for c in cuts)
+        assert len({tuple(c.tolist()) for c in cuts}) == 5  # recomputed every step, as the teachers train
+    with pytest.raises(Exception, match="vote_quantile"):
+        from dpsyn.cli.config_check import check_composed
+
+        check_composed(make_cfg("method=pate_gan", "method.vote_quantile=1.0"))
 
 
 # ---- (3) the budget ------------------------------------------------------------------------------------------------

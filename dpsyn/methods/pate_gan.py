@@ -57,6 +57,7 @@ from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import (
     CondConvTeacher,
     CondMLPTeacher,
+    CondPATETeacher,
     TeacherEnsemble,
     TeacherPartitions,
 )
@@ -74,7 +75,7 @@ from dpsyn.results.checkpoint import Checkpointer
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "pate_gan.pt"
-IMAGE_TEACHERS = TEACHER_ARCHS  # auto | conv | dcgan | mlp, as G-PATE
+IMAGE_TEACHERS = TEACHER_ARCHS  # auto (conv on images) | gpate | conv | dcgan | mlp
 TABLE_TEACHERS = ("auto", "mlp")
 
 
@@ -106,10 +107,40 @@ def teacher_update(
     return losses
 
 
-def binary_votes(logits: torch.Tensor) -> torch.Tensor:
-    """(N, b) teacher logits -> (b, 2) vote histogram: column 0 "fake" (logit <= 0), column 1 "real" (logit > 0)."""
-    real = (logits > 0).sum(0)
+def binary_votes(logits: torch.Tensor, cut: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, b) teacher logits -> (b, 2) vote histogram: column 0 "fake" (logit <= cut), column 1 "real" (logit > cut).
+
+    Args:
+        logits: (N, b) each teacher's logit on each query.
+        cut: (N,) each teacher's own decision threshold (:func:`vote_cuts`); None = 0, Jordon et al.'s rule.
+    """
+    cut = torch.zeros(logits.shape[0], dtype=logits.dtype, device=logits.device) if cut is None else cut
+    real = (logits > cut[:, None]).sum(0)
     return torch.stack([logits.shape[0] - real, real], dim=1).long()
+
+
+def vote_cuts(ref_logits: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Each teacher's decision threshold: the ``quantile`` of its own logits on the step's generated samples.
+
+    Why: a teacher that separates its real rows from the generator's samples (as a discriminator soon does) calls
+    every generated sample "fake"; with the cut at 0 every aggregated label is then "fake", the student sees one class
+    and the generator gets no direction (measured: chance accuracy at eps=inf). With the cut at the median of its
+    logits on the current samples, teacher i votes "real" on the half of the samples it finds the most realistic:
+    the aggregated label says which samples most teachers rank in their upper half, the student learns that ranking
+    and the generator climbs it (a GAN's direction, up the teacher's log density ratio).
+
+    Privacy: teacher i's cut is a function of teacher i (trained on its own partition only) and of generated
+    samples, so changing one private row still changes one teacher's votes, one per query: the vote histogram's
+    sensitivity, and the PATE accounting, are unchanged.
+
+    Args:
+        ref_logits: (N, m) each teacher's logits on m generated samples (the samples it was just trained against).
+        quantile: in (0, 1).
+
+    Returns:
+        (N,) cuts.
+    """
+    return torch.quantile(ref_logits.float(), quantile, dim=1).to(ref_logits.dtype)
 
 
 def student_labels(
@@ -178,6 +209,9 @@ class PATEGAN(Method):
         if arch not in allowed:
             raise ValueError(f"method.teacher_arch={arch!r} for {kind} data; allowed: {', '.join(allowed)}")
         hp["teacher_arch"] = ("mlp" if kind == "table" else "conv") if arch == "auto" else str(arch)
+        hp["teacher_hidden"] = int(cfg.get("teacher_hidden"))
+        q = cfg.get("vote_quantile")
+        hp["vote_quantile"] = None if q is None else float(q)
         return hp
 
     # ---- building blocks ----------------------------------------------------------------------------------
@@ -187,6 +221,9 @@ class PATEGAN(Method):
         if hp["teacher_arch"] == "mlp":
             return lambda: CondMLPTeacher(num_classes=ctx.num_classes, shape=ctx.shape, hidden=hp["d_hidden"])
         channels, resolution = ctx.shape[0], ctx.shape[1]
+        if hp["teacher_arch"] == "gpate":  # G-PATE's teacher (the authors': conv, conv, fc, the label at every layer)
+            return lambda: CondPATETeacher(num_classes=ctx.num_classes, channels=channels, resolution=resolution,
+                                           ndf=hp["ndf"], hidden=hp["teacher_hidden"])
         arch = CondConvTeacher if hp["teacher_arch"] == "conv" else CondDCGANDiscriminator
         return lambda: arch(num_classes=ctx.num_classes, channels=channels, resolution=resolution, ndf=hp["ndf"])
 
@@ -302,7 +339,9 @@ class PATEGAN(Method):
             zq = torch.randn(b, hp["z_dim"], generator=gen).to(device)
             with torch.no_grad():
                 xq = G(zq, yq)
-                votes = binary_votes(ens.forward_shared(xq, yq))
+                cut = None if hp["vote_quantile"] is None else vote_cuts(
+                    ens.forward_shared(fake.detach(), y), hp["vote_quantile"])
+                votes = binary_votes(ens.forward_shared(xq, yq), cut)
             if event is not None:
                 # would this step's queries (GNMax charged for all) overspend?
                 trial = ledger.events[event_id].with_queries(votes, torch.ones(b, dtype=torch.bool))
