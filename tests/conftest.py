@@ -166,3 +166,30 @@ def crash_on_call(original, n: int = 4):
         return original(*a, **k)
 
     return wrapper
+
+
+class RecordingBar:
+    """A stand-in for tqdm that keeps what a method shows: ``RecordingBar.made`` holds every bar built (monkeypatch
+    a method module's ``tqdm`` with this class, after clearing ``made``)."""
+
+    made: list["RecordingBar"] = []
+
+    def __init__(self, iterable=None, *, total=None, initial=0, desc="", **_: object) -> None:
+        self.iterable, self.total, self.n, self.desc = iterable, total, initial, desc
+        self.postfixes: list[dict] = []
+        self.closed = False
+        RecordingBar.made.append(self)
+
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self.n += 1
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_postfix(self, refresh: bool = True, **kw: object) -> None:
+        self.postfixes.append(dict(kw))
+
+    def close(self) -> None:
+        self.closed = True

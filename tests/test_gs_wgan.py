@@ -23,7 +23,7 @@ from dpsyn.methods.gs_wgan import (
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
 from dpsyn.privacy import PrivacyLedger, dp_generator, dpsgd_epsilon
-from tests.conftest import crash_on_call, run_context
+from tests.conftest import RecordingBar, crash_on_call, run_context
 
 SMOKE = ("method=gs_wgan", "dataset=fmnist", "method.critics=20", "method.batch_size=4", "method.critic_steps=1",
          "method.ndf=2", "method.ngf=4", "method.z_dim=8", "privacy.deterministic_noise=true",
@@ -269,6 +269,19 @@ def test_a_private_run_publishes_neither_the_critic_drawn_nor_its_w_estimate(mak
     text = caplog.text
     assert "gs_wgan iteration 1/" in text and "critic " not in text and "W estimate" not in text
     assert "last_w" not in result["sample_provenance"]
+
+
+def test_the_progress_bar_shows_iterations_and_epsilon_only(make_cfg, monkeypatch) -> None:
+    """Under DP the bar shows the iterations and the epsilon spent, never the critic drawn nor its W estimate."""
+    from dpsyn.methods import PrivacyBudget
+
+    monkeypatch.setattr(RecordingBar, "made", [])
+    monkeypatch.setattr(gs_wgan, "tqdm", RecordingBar)
+    ledger = PrivacyLedger(target_epsilon=2.0, delta=1e-5)
+    _method(make_cfg).fit(_tiny(), PrivacyBudget(2.0, 1e-5), ledger)
+    bar = next(b for b in RecordingBar.made if b.desc == "gs_wgan iterations")
+    assert bar.total == bar.n == 3 and bar.closed
+    assert bar.postfixes == [{"eps": f"{ledger.epsilon():.3f}"}]  # the last iteration's (then every 20)
 
 
 def test_the_warm_start_trains_every_critic_on_its_own_partition_and_resets_their_adams(monkeypatch) -> None:

@@ -16,7 +16,7 @@ from dpsyn.methods import METHODS, PrivacyBudget, RunContext, pate_gan
 from dpsyn.methods.pate_gan import binary_votes, student_labels, teacher_update, vote_cuts
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherEnsemble, TeacherPartitions
 from dpsyn.privacy import PrivacyLedger, pate_data_independent_epsilon
-from tests.conftest import crash_on_call, run_context
+from tests.conftest import RecordingBar, crash_on_call, run_context
 
 TINY = ("method.teachers=10", "method.batch_size=4", "method.teacher_batch=2", "method.sigma_threshold=100",
         "method.sigma=50", "method.threshold=5", "method.ndf=2", "method.student_ndf=4", "method.z_dim=8",
@@ -261,6 +261,18 @@ def test_pate_gan_without_noise_at_eps_inf_and_config_errors(make_cfg) -> None:
                           ("method.s_hidden=[]", "method.s_hidden")):  # the schema's ranges, at compose time
         with pytest.raises(ConfigError, match=key):
             check_composed(make_cfg("method=pate_gan", override))
+
+
+def test_the_progress_bar_shows_steps_epsilon_and_answered_share(make_cfg, monkeypatch) -> None:
+    monkeypatch.setattr(RecordingBar, "made", [])
+    monkeypatch.setattr(pate_gan, "tqdm", RecordingBar)
+    ledger = PrivacyLedger(target_epsilon=10.0, delta=1e-5)
+    _method(make_cfg, _image_ctx()).fit(_image_split(), PrivacyBudget(10.0, 1e-5), ledger)
+    (bar,) = RecordingBar.made
+    assert bar.desc == "pate_gan steps" and bar.total == bar.n == 5 and bar.closed
+    assert len(bar.postfixes) == 5 and set(bar.postfixes[0]) == {"eps", "answered"}
+    assert float(bar.postfixes[-1]["eps"]) == pytest.approx(ledger.epsilon(), abs=1e-3) and ledger.epsilon() > 0
+    assert all(0 <= float(p["answered"]) <= 1 for p in bar.postfixes)
 
 
 # ---- (5) resume ----------------------------------------------------------------------------------------------------

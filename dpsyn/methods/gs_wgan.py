@@ -500,6 +500,8 @@ class GSWGAN(Method):
         self.train_log["warm_start_iterations"] = warm
         it, w = start, math.nan
         G.train()
+        # under DP the bar shows iterations and the epsilon spent only (never the critic drawn nor its W estimate)
+        bar = tqdm(total=iterations, initial=start, desc="gs_wgan iterations", leave=False, disable=None)
         while it < iterations:
             k = int(torch.randint(K, (1,), generator=picker))
             critic, w = critic_turn(bank, k, x=x_all, y=y_all, rows=parts.rows[k], G=G, z_dim=hp["z_dim"],
@@ -515,6 +517,9 @@ class GSWGAN(Method):
             opt_g.step()
             ema_update(G_ema, G, decay=hp["ema"], step=it)
             it += 1
+            bar.update(1)
+            if event_id is not None and (it % 20 == 0 or it == iterations):  # the accountant is not free: every 20
+                bar.set_postfix(eps=f"{ledger.epsilon():.3f}", refresh=False)
             if it % 100 == 0 or it == 1:
                 # Under DP the log names neither the critic drawn (the secret subsample that the 1/K amplification
                 # relies on) nor its W estimate (read from private rows without noise): logs are published with a run.
@@ -524,6 +529,7 @@ class GSWGAN(Method):
                     log.info("gs_wgan iteration %d/%d: eps %.4f", it, iterations, ledger.epsilon())
             if ckpt.due(it):
                 ckpt.save(it, self._state(released, G, G_ema, opt_g, bank, parts, gen, picker, dp_gen, budget), ledger)
+        bar.close()
         G.eval()
         G_ema.eval()
         self.G = G_ema if hp["ema"] > 0 else G

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+from tqdm.auto import tqdm
 
 from dpsyn.config import PATE_NOISE_KEYS
 from dpsyn.data.base import Split
@@ -328,6 +329,8 @@ class PATEGAN(Method):
         step, s_loss = start, math.nan
         G.train()
         S.train()
+        # the bar shows what the run may publish: steps, epsilon spent and the answered share (Confident-GNMax outputs)
+        bar = tqdm(total=max_steps, initial=start, desc="pate_gan steps", leave=False, disable=None)
         while step < max_steps:
             y = self._labels(b, gen).to(device)
             z = torch.randn(b, hp["z_dim"], generator=gen).to(device)
@@ -366,6 +369,9 @@ class PATEGAN(Method):
             g_loss.backward()
             opt_g.step()
             step += 1
+            bar.update(1)
+            bar.set_postfix(eps=f"{ledger.epsilon() if event is not None else math.inf:.3f}",
+                            answered=f"{float(answered.float().mean()):.2f}", refresh=False)
             if step % 50 == 0 or step == 1:
                 log.info("pate_gan step %d: %d of %d answered, %.3f voted real; S loss %.3f, G loss %.3f; eps %.4f (%s)",
                          step, int(answered.sum()), b, float(label[answered].float().mean()) if answered.any() else 0.0,
@@ -378,6 +384,7 @@ class PATEGAN(Method):
                     "partitions": parts.state_dict(), "gen": gen.get_state(),
                     "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
                 }, ledger)
+        bar.close()
         G.eval()
         self.G, self.device = G, device
         self.train_log.update(steps=step, fit_s=time.perf_counter() - t0, queries=0 if event is None else event.queries,
