@@ -9,7 +9,8 @@ Per step (Algorithm 1 of Jordon et al., with the data kept where it belongs):
   generator's current samples (label 0), ``teacher_steps`` Adam steps each
   (:class:`dpsyn.nets.ensemble.TeacherEnsemble`, the N teachers as one batched computation).
 * Student labels (:func:`binary_votes`, :func:`student_labels`): ``batch_size`` fresh generated samples, one query
-  each; teacher i votes 1 ("real") where its logit is > 0, else 0; the (b, 2) vote histogram is answered by
+  each; teacher i votes 1 ("real") where its logit is > 0 (or, with ``method.vote_quantile``, above its own cut:
+  :func:`vote_cuts`), else 0; the (b, 2) vote histogram is answered by
   Confident-GNMax (:func:`dpsyn.privacy.confident_gnmax`: a noisy threshold check with ``sigma_threshold`` against
   ``threshold``, then the noisy argmax with ``sigma``). Unanswered samples are dropped from the student's batch.
 * Student S (:func:`student_step`): BCE on the answered generated samples and their aggregated labels, nothing else.
@@ -128,7 +129,9 @@ def vote_cuts(ref_logits: torch.Tensor, quantile: float) -> torch.Tensor:
     and the generator gets no direction (measured: chance accuracy at eps=inf). With the cut at the median of its
     logits on the current samples, teacher i votes "real" on the half of the samples it finds the most realistic:
     the aggregated label says which samples most teachers rank in their upper half, the student learns that ranking
-    and the generator climbs it (a GAN's direction, up the teacher's log density ratio).
+    and the generator is meant to climb it (up the teachers' log density ratio). Measured on fmnist at eps=inf: the
+    labels split (0.38-0.69 voted real) and the student fits them, but the generator still drifts to textures
+    (README, issue 17), so the option is off by default.
 
     Privacy: teacher i's cut is a function of teacher i (trained on its own partition only) and of generated
     samples, so changing one private row still changes one teacher's votes, one per query: the vote histogram's
