@@ -116,8 +116,7 @@ def binary_votes(logits: torch.Tensor, cut: torch.Tensor | None = None) -> torch
         logits: (N, b) each teacher's logit on each query.
         cut: (N,) each teacher's own decision threshold (:func:`vote_cuts`); None = 0, Jordon et al.'s rule.
     """
-    cut = torch.zeros(logits.shape[0], dtype=logits.dtype, device=logits.device) if cut is None else cut
-    real = (logits > cut[:, None]).sum(0)
+    real = (logits > (0 if cut is None else cut[:, None])).sum(0)
     return torch.stack([logits.shape[0] - real, real], dim=1).long()
 
 
@@ -372,13 +371,13 @@ class PATEGAN(Method):
             g_loss.backward()
             opt_g.step()
             step += 1
+            eps_now = ledger.epsilon() if event is not None else math.inf  # once a step: for the bar and the log
             bar.update(1)
-            bar.set_postfix(eps=f"{ledger.epsilon() if event is not None else math.inf:.3f}",
-                            answered=f"{float(answered.float().mean()):.2f}", refresh=False)
+            bar.set_postfix(eps=f"{eps_now:.3f}", answered=f"{float(answered.float().mean()):.2f}", refresh=False)
             if step % 50 == 0 or step == 1:
                 log.info("pate_gan step %d: %d of %d answered, %.3f voted real; S loss %.3f, G loss %.3f; eps %.4f (%s)",
                          step, int(answered.sum()), b, float(label[answered].float().mean()) if answered.any() else 0.0,
-                         s_loss, g_loss.item(), ledger.epsilon() if event is not None else math.inf, hp["bound"])
+                         s_loss, g_loss.item(), eps_now, hp["bound"])
             if ckpt.due(step):
                 ckpt.save(step, {
                     "G": G.state_dict(),
