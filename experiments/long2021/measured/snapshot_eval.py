@@ -1,0 +1,124 @@
+"""Accuracy against training progress from one run: score copies of a run's checkpoint taken while it trained.
+
+A run calibrates its noise for its whole length, so the samples of an intermediate checkpoint of a private run are
+what the method releases after that many iterations *at the noise of the full run*: the curve shows whether the
+run was still improving when it stopped (issue 17's evidence that a target is out of reach on 2 cores), not what a
+shorter run would give. The generator of each copy makes 10k samples (uniform labels, the method's own latent and
+sampler) and dpsyn's metrics score them (``python -m dpsyn.cli.evaluate``'s path: the run's metric config, the
+downstream classifier selected on held-out synthetic data, the test split read once per copy).
+
+Usage (the copies: ``RUN/snap/*.pt``, made by copying ``RUN/checkpoints/<method>.pt`` whenever it changes)::
+
+    python experiments/long2021/measured/snapshot_eval.py RUN [--every 500 | --every 100 --points 6] [--out CSV]
+
+Supported: ``gs_wgan`` (its EMA generator) and ``pate_gan`` / ``g_pate`` (the generator), on image datasets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from dpsyn.methods.base import generate_conditional
+from dpsyn.nets.dcgan import CondDCGANGenerator
+from dpsyn.results.plots import _tile
+
+
+def generator_of(cfg, state: dict, *, shape: tuple[int, ...], num_classes: int) -> tuple[torch.nn.Module, str]:
+    """The checkpoint's released generator (gs_wgan: its EMA when ``method.ema`` > 0) and its latent distribution."""
+    m = cfg.method
+    G = CondDCGANGenerator(z_dim=int(m.z_dim), num_classes=num_classes, channels=shape[0], resolution=shape[1],
+                           ngf=int(m.ngf))
+    key = "G_ema" if m.name == "gs_wgan" and float(m.get("ema", 0)) > 0 else "G"
+    G.load_state_dict(state[key])
+    return G.eval(), ("uniform" if m.name == "g_pate" else "normal")
+
+
+def pick(copies: dict[int, Path], *, every: int, points: int) -> dict[int, Path]:
+    """The copies whose step is a multiple of ``every``; with ``points``, about that many, evenly spread over the
+    steps, always with the first and the last."""
+    seen = {k: v for k, v in copies.items() if k % every == 0}
+    if points and len(seen) > points:
+        steps = sorted(seen)
+        keep = {steps[round(i * (len(steps) - 1) / (points - 1))] for i in range(points)}
+        seen = {k: v for k, v in seen.items() if k in keep}
+    return dict(sorted(seen.items()))
+
+
+def score(run: Path, *, every: int = 500, points: int = 0, n: int = 10000, out: Path | None = None) -> list[dict]:
+    """Score the chosen copies of ``run/snap``; writes ``out`` (default ``run/snapshots.csv``) and a PNG beside it."""
+    from dpsyn.cli.evaluate import rescore
+    from dpsyn.data import load_dataset
+
+    cfg = OmegaConf.load(run / "config.yaml")
+    data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir, public=False)
+    shape, k = tuple(data.private.x.shape[1:]), len(data.classes)
+    copies: dict[int, Path] = {}
+    for p in sorted((run / "snap").glob("*.pt")):
+        copies.setdefault(int(torch.load(p, map_location="cpu", weights_only=False)["step"]), p)
+    rows, tiles = [], []
+    for step, p in pick(copies, every=every, points=points).items():
+        state = torch.load(p, map_location="cpu", weights_only=False)
+        G, latent = generator_of(cfg, state, shape=shape, num_classes=k)
+        seed = int(cfg.seed)
+        labels = np.random.default_rng(seed).permutation(np.arange(n) % k).astype(np.int64)
+        with torch.no_grad():
+            x = generate_conditional(G, labels, z_dim=int(cfg.method.z_dim), shape=shape, latent=latent,
+                                     generator=torch.Generator().manual_seed(seed + 1))
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            shutil.copy(run / "config.yaml", d / "config.yaml")
+            np.savez(d / "samples.npz", x=x, y=labels)
+            (d / "result.json").write_text("{}")
+            vals = rescore(d)["metrics"]
+        row = {"step": step, **{key: v for key, v in vals.items() if isinstance(v, (int, float))}}
+        print(row, flush=True)
+        rows.append(row)
+        tiles.append((step, _tile(x, labels, k)))
+    out = out or run / "snapshots.csv"
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=sorted({key for r in rows for key in r}, key=lambda c: (c != "step", c)))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {out}")
+    if tiles:  # per scored step a k x k tile of samples sorted by label (a row per class)
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, len(tiles), figsize=(2.2 * len(tiles), 2.6), squeeze=False)
+        for ax, (step, tile), row in zip(axes[0], tiles, rows):
+            ax.imshow(tile, cmap="gray", vmin=0, vmax=1)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"step {step}" + (f": acc {row['acc']:.3f}" if "acc" in row else ""), fontsize=8)
+        fig.suptitle(f"{cfg.method.name} {cfg.dataset.name} eps={cfg.eps} seed {cfg.seed}", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out.with_suffix(".png"), dpi=110)
+        plt.close(fig)
+        print(f"wrote {out.with_suffix('.png')}")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--every", type=int, default=500, help="score the copies whose step is a multiple of this")
+    ap.add_argument("--points", type=int, default=0,
+                    help="score about this many copies, evenly spread over the steps (0: every --every multiple)")
+    ap.add_argument("--n", type=int, default=10000, help="samples per copy")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    score(args.run, every=args.every, points=args.points, n=args.n, out=args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""experiments/long2021/measured/snapshot_eval.py: scores the copies of a run's checkpoint that it is asked for,
+with the released generator (gs_wgan: the EMA), and writes the curve and the picture."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dpsyn.nets.dcgan import CondDCGANGenerator
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "long2021" / "measured" / "snapshot_eval.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("snapshot_eval", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pick_spreads_the_points_and_keeps_the_ends() -> None:
+    pick = _script().pick
+    copies = {s: Path(f"{s}.pt") for s in (50, 100, 200, 300, 400, 500, 600)}
+    assert list(pick(copies, every=100, points=0)) == [100, 200, 300, 400, 500, 600]
+    assert list(pick(copies, every=100, points=3)) == [100, 300, 600]
+    assert list(pick(copies, every=50, points=10)) == sorted(copies)
+
+
+@pytest.mark.slow  # ~10 s: a research script's scoring path (make test-full)
+def test_each_copy_is_scored_with_the_ema_generator(make_cfg, tmp_path) -> None:
+    cfg = make_cfg("method=gs_wgan", "dataset=digits", "method.z_dim=4", "method.ngf=4", "metrics.names.image=[fd]")
+    run = tmp_path / "run"
+    (run / "snap").mkdir(parents=True)
+    OmegaConf.save(cfg, run / "config.yaml")
+    fds = {}
+    for step, scale in ((100, 0.0), (200, 1.0)):
+        torch.manual_seed(0)
+        G = CondDCGANGenerator(z_dim=4, num_classes=10, channels=1, resolution=28, ngf=4)  # digits are 28 px in dpsyn
+        with torch.no_grad():
+            for p in G.parameters():
+                p.mul_(scale)  # step 100: a generator of constant images
+        # the raw G is not loadable: only the EMA (what gs_wgan releases) may be read
+        torch.save({"step": step, "G": {}, "G_ema": G.state_dict()}, run / "snap" / f"ck_{step}.pt")
+    rows = _script().score(run, every=100, n=200)
+    assert [r["step"] for r in rows] == [100, 200]
+    fds = {r["step"]: r["fd_digits"] for r in rows}
+    assert fds[100] > fds[200] > 0  # constant images are further from digits than the untouched generator's
+    with open(run / "snapshots.csv") as f:
+        assert [int(r["step"]) for r in csv.DictReader(f)] == [100, 200]
+    assert (run / "snapshots.png").stat().st_size > 0
