@@ -1,9 +1,10 @@
 """Accuracy against training progress from one run: score copies of a run's checkpoint taken while it trained.
 
-A run calibrates its noise for its whole length, so the samples of an intermediate checkpoint of a private run are
-what the method releases after that many iterations *at the noise of the full run*: the curve shows whether the
-run was still improving when it stopped (issue 17's evidence that a target is out of reach on 2 cores), not what a
-shorter run would give. The generator of each copy makes 10k samples (uniform labels, the method's own latent and
+gs_wgan calibrates its noise for the run's whole length, so its intermediate checkpoints are what it releases after
+that many iterations *at the noise of the full run*, not what a shorter run would give. g_pate and pate_gan add
+noise of a fixed size per query and stop when the budget is spent, so their checkpoint after r rounds is what a run
+capped at r rounds releases. Either way the curve shows whether a run was still improving when it stopped (issue
+17's evidence that a target is out of reach on 2 cores). The generator of each copy makes 10k samples (uniform labels, the method's own latent and
 sampler) and dpsyn's metrics score them (``python -m dpsyn.cli.evaluate``'s path: the run's metric config, the
 downstream classifier selected on held-out synthetic data, the test split read once per copy).
 
