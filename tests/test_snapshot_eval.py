@@ -53,3 +53,32 @@ def test_each_copy_is_scored_with_the_ema_generator(make_cfg, tmp_path) -> None:
     with open(run / "snapshots.csv") as f:
         assert [int(r["step"]) for r in csv.DictReader(f)] == [100, 200]
     assert (run / "snapshots.png").stat().st_size > 0
+
+
+def test_the_watcher_copies_each_new_checkpoint_until_the_run_ends(tmp_path) -> None:
+    import threading
+    import time
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    ck = run / "checkpoints" / "g_pate.pt"
+    out: list[int] = []
+    thread = threading.Thread(target=lambda: out.append(_script().watch(run, "g_pate.pt", interval=0.02, timeout=30)))
+    thread.start()
+
+    def wait_for(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(list((run / "snap").glob("*.pt"))) < n:
+            assert time.monotonic() < deadline, f"no copy {n}"
+            time.sleep(0.01)
+
+    for step in (50, 100):
+        tmp = ck.with_suffix(".tmp")
+        torch.save({"step": step}, tmp)
+        tmp.replace(ck)  # written as the checkpointer writes: a renamed temporary file
+        wait_for(step // 50)
+    (run / "result.json").write_text("{}")
+    thread.join(timeout=10)
+    assert out == [2]
+    steps = [torch.load(p, weights_only=False)["step"] for p in sorted((run / "snap").glob("*.pt"))]
+    assert steps == [50, 100]

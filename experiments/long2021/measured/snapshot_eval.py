@@ -4,12 +4,15 @@ gs_wgan calibrates its noise for the run's whole length, so its intermediate che
 that many iterations *at the noise of the full run*, not what a shorter run would give. g_pate and pate_gan add
 noise of a fixed size per query and stop when the budget is spent, so their checkpoint after r rounds is what a run
 capped at r rounds releases. Either way the curve shows whether a run was still improving when it stopped (issue
-17's evidence that a target is out of reach on 2 cores). The generator of each copy makes 10k samples (uniform labels, the method's own latent and
-sampler) and dpsyn's metrics score them (``python -m dpsyn.cli.evaluate``'s path: the run's metric config, the
-downstream classifier selected on held-out synthetic data, the test split read once per copy).
+17's evidence that a target is out of reach on 2 cores). The generator of each copy makes 10k samples (uniform
+labels, the method's own latent and sampler) and dpsyn's metrics score them (``python -m dpsyn.cli.evaluate``'s
+path: the run's metric config, the downstream classifier selected on held-out synthetic data, the test split read
+once per copy). The curve is a report: nothing may be chosen on it (it reads the test split at every point).
 
-Usage (the copies: ``RUN/snap/*.pt``, made by copying ``RUN/checkpoints/<method>.pt`` whenever it changes)::
+Usage: start the watcher beside a run (it copies ``RUN/checkpoints/<method>.pt`` into ``RUN/snap/`` whenever the
+file changes, until ``RUN/result.json`` appears), then score the copies::
 
+    python experiments/long2021/measured/snapshot_eval.py RUN --watch gs_wgan.pt &
     python experiments/long2021/measured/snapshot_eval.py RUN [--every 500 | --every 100 --points 6] [--out CSV]
 
 Supported: ``gs_wgan`` (its EMA generator) and ``pate_gan`` / ``g_pate`` (the generator), on image datasets.
@@ -109,6 +112,28 @@ def score(run: Path, *, every: int = 500, points: int = 0, n: int = 10000, out: 
     return rows
 
 
+def watch(run: Path, name: str, *, interval: float = 5.0, timeout: float | None = None) -> int:
+    """Copy ``run/checkpoints/name`` to ``run/snap/ck_<n>.pt`` each time it changes, until ``run/result.json``
+    exists (or ``timeout`` seconds pass); returns the number of copies. Checkpoints are written atomically (a
+    renamed temporary file), so a copy is never half a file."""
+    import time
+
+    src, dst = run / "checkpoints" / name, run / "snap"
+    dst.mkdir(parents=True, exist_ok=True)
+    last, copies, t0 = None, 0, time.monotonic()
+    while True:
+        done = (run / "result.json").exists()  # read first: a checkpoint written before the result is still copied
+        if src.exists():
+            st = src.stat()
+            stamp = (st.st_ino, st.st_mtime_ns)  # a renamed-in file is a new inode even within one clock tick
+            if stamp != last:
+                shutil.copy(src, dst / f"ck_{copies:05d}.pt")
+                last, copies = stamp, copies + 1
+        if done or (timeout is not None and time.monotonic() - t0 > timeout):
+            return copies
+        time.sleep(interval)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path)
@@ -117,7 +142,12 @@ def main() -> None:
                     help="score about this many copies, evenly spread over the steps (0: every --every multiple)")
     ap.add_argument("--n", type=int, default=10000, help="samples per copy")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--watch", metavar="CHECKPOINT", default=None,
+                    help="copy RUN/checkpoints/CHECKPOINT whenever it changes, until the run ends (no scoring)")
     args = ap.parse_args()
+    if args.watch:
+        print(f"{watch(args.run, args.watch)} copies in {args.run / 'snap'}")
+        return
     score(args.run, every=args.every, points=args.points, n=args.n, out=args.out)
 
 
