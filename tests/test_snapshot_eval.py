@@ -29,6 +29,7 @@ def test_pick_spreads_the_points_and_keeps_the_ends() -> None:
     assert list(pick(copies, every=100, points=0)) == [100, 200, 300, 400, 500, 600]
     assert list(pick(copies, every=100, points=3)) == [100, 300, 600]
     assert list(pick(copies, every=50, points=10)) == sorted(copies)
+    assert list(pick(copies, every=100, points=1)) == [100, 600]
 
 
 @pytest.mark.slow  # ~10 s: a research script's scoring path (make test-full)

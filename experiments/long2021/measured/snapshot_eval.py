@@ -50,6 +50,7 @@ def pick(copies: dict[int, Path], *, every: int, points: int) -> dict[int, Path]
     steps, always with the first and the last."""
     seen = {k: v for k, v in copies.items() if k % every == 0}
     if points and len(seen) > points:
+        points = max(points, 2)  # the first and the last at least
         steps = sorted(seen)
         keep = {steps[round(i * (len(steps) - 1) / (points - 1))] for i in range(points)}
         seen = {k: v for k, v in seen.items() if k in keep}
