@@ -38,7 +38,6 @@ def test_each_copy_is_scored_with_the_ema_generator(make_cfg, tmp_path) -> None:
     run = tmp_path / "run"
     (run / "snap").mkdir(parents=True)
     OmegaConf.save(cfg, run / "config.yaml")
-    fds = {}
     for step, scale in ((100, 0.0), (200, 1.0)):
         torch.manual_seed(0)
         G = CondDCGANGenerator(z_dim=4, num_classes=10, channels=1, resolution=28, ngf=4)  # digits are 28 px in dpsyn
