@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from dpsyn.methods.base import generate_conditional
 from dpsyn.nets.dcgan import CondDCGANGenerator
-from dpsyn.results.plots import _tile
+from dpsyn.results.plots import _plt, _save, _tile
 
 
 def generator_of(cfg, state: dict, *, shape: tuple[int, ...], num_classes: int) -> tuple[torch.nn.Module, str]:
@@ -68,12 +68,12 @@ def score(run: Path, *, every: int = 500, points: int = 0, n: int = 10000, out: 
     copies: dict[int, Path] = {}
     for p in sorted((run / "snap").glob("*.pt")):
         copies.setdefault(int(torch.load(p, map_location="cpu", weights_only=False)["step"]), p)
+    seed = int(cfg.seed)
+    labels = np.random.default_rng(seed).permutation(np.arange(n) % k).astype(np.int64)  # the same at every step
     rows, tiles = [], []
     for step, p in pick(copies, every=every, points=points).items():
         state = torch.load(p, map_location="cpu", weights_only=False)
         G, latent = generator_of(cfg, state, shape=shape, num_classes=k)
-        seed = int(cfg.seed)
-        labels = np.random.default_rng(seed).permutation(np.arange(n) % k).astype(np.int64)
         with torch.no_grad():
             x = generate_conditional(G, labels, z_dim=int(cfg.method.z_dim), shape=shape, latent=latent,
                                      generator=torch.Generator().manual_seed(seed + 1))
@@ -94,12 +94,7 @@ def score(run: Path, *, every: int = 500, points: int = 0, n: int = 10000, out: 
         w.writerows(rows)
     print(f"wrote {out}")
     if tiles:  # per scored step a k x k tile of samples sorted by label (a row per class)
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, len(tiles), figsize=(2.2 * len(tiles), 2.6), squeeze=False)
+        fig, axes = _plt().subplots(1, len(tiles), figsize=(2.2 * len(tiles), 2.6), squeeze=False)
         for ax, (step, tile), row in zip(axes[0], tiles, rows):
             ax.imshow(tile, cmap="gray", vmin=0, vmax=1)
             ax.set_xticks([])
@@ -107,9 +102,7 @@ def score(run: Path, *, every: int = 500, points: int = 0, n: int = 10000, out: 
             ax.set_title(f"step {step}" + (f": acc {row['acc']:.3f}" if "acc" in row else ""), fontsize=8)
         fig.suptitle(f"{cfg.method.name} {cfg.dataset.name} eps={cfg.eps} seed {cfg.seed}", fontsize=9)
         fig.tight_layout()
-        fig.savefig(out.with_suffix(".png"), dpi=110)
-        plt.close(fig)
-        print(f"wrote {out.with_suffix('.png')}")
+        print(f"wrote {_save(fig, out.with_suffix('.png'))}")
     return rows
 
 
