@@ -518,15 +518,18 @@ class GSWGAN(Method):
             ema_update(G_ema, G, decay=hp["ema"], step=it)
             it += 1
             bar.update(1)
-            if event_id is not None and (it % 20 == 0 or it == iterations):  # the accountant is not free: every 20
-                bar.set_postfix(eps=f"{ledger.epsilon():.3f}", refresh=False)
+            spent = None  # the accountant is not free: at most once an iteration, and every 20 on the bar
+            if event_id is not None and (it % 20 == 0 or it == iterations):
+                spent = ledger.epsilon()
+                bar.set_postfix(eps=f"{spent:.3f}", refresh=False)
             if it % 100 == 0 or it == 1:
                 # Under DP the log names neither the critic drawn (the secret subsample that the 1/K amplification
                 # relies on) nor its W estimate (read from private rows without noise): logs are published with a run.
                 if event_id is None:
                     log.info("gs_wgan iteration %d/%d: critic %d, W estimate %.4f", it, iterations, k, w)
                 else:
-                    log.info("gs_wgan iteration %d/%d: eps %.4f", it, iterations, ledger.epsilon())
+                    log.info("gs_wgan iteration %d/%d: eps %.4f", it, iterations,
+                             ledger.epsilon() if spent is None else spent)
             if ckpt.due(it):
                 ckpt.save(it, self._state(released, G, G_ema, opt_g, bank, parts, gen, picker, dp_gen, budget), ledger)
         bar.close()
