@@ -219,13 +219,19 @@ def test_g_pate_runs_end_to_end_within_its_budget(make_cfg, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("bound", ["data_independent", "data_dependent"])
-def test_g_pate_stops_before_the_step_that_would_overspend(make_cfg, tmp_path, bound: str) -> None:
+def test_g_pate_stops_before_the_step_that_would_overspend(make_cfg, tmp_path, bound: str, monkeypatch) -> None:
+    import dpsyn.results.grid as grid
     from dpsyn.cli.train import run
     from dpsyn.privacy import pate_max_queries
 
+    titles: list[str] = []
+    monkeypatch.setattr(grid, "save_sample_grid", lambda *a, title, **k: titles.append(title))
     over = (*SMOKE, "eps=2", f"method.bound={bound}", "trainer.limit_train_batches=null", "method.steps=400",
             "metrics.names.image=[]", "metrics.n_samples=50")
     result = run(make_cfg(*over), tmp_path / "run")
+    # the sample picture labels a raw data-dependent epsilon as such, as result.json's accountant does
+    (title,) = titles
+    assert ("raw data-dependent" in title) == (bound == "data_dependent"), title
     (event,) = result["privacy_events"]
     assert result["sample_provenance"]["stopped_by"] == "budget"
     most = pate_max_queries(epsilon=2, sigma_threshold=100, sigma=50, delta=1e-5) // 8 * 8  # whole steps of 8

@@ -231,12 +231,14 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         sample_s = time.perf_counter() - t0
         atomic_save_npz(run_dir / "samples.npz", x=samples.x, y=samples.y if samples.y is not None else [])
         if data.kind == "image":
+            # a raw data-dependent PATE epsilon is labelled as such wherever it is shown (not itself a DP release)
+            raw = ", raw data-dependent" if "raw:" in ledger.accountant_description() else ""
             save_sample_grid(
                 run_dir / "samples.png",
                 samples.x,
                 samples.y,
                 data.classes,
-                title=f"{cfg.method.name} on {cfg.dataset.name}, eps={eps:g} (spent {spent:.3g})",
+                title=f"{cfg.method.name} on {cfg.dataset.name}, eps={eps:g} (spent {spent:.3g}{raw})",
             )
         metrics, metric_s, metric_info = evaluate(
             samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir, seed=int(cfg.seed), load_family=_family_loader(cfg)
