@@ -174,3 +174,24 @@ def test_missing_data_is_one_clear_line_not_a_traceback(cli_env: dict[str, str],
     assert "Traceback" not in proc.stderr
     (error,) = (tmp_path / "outputs").rglob("error.txt")  # the trace is kept beside the run for a bug report
     assert "FileNotFoundError" in error.read_text()
+
+
+def test_the_code_recorded_is_the_code_at_the_start_of_the_run(make_cfg, tmp_path: Path, monkeypatch) -> None:
+    """HEAD can move while a long run trains (a commit beside it): result.json names the commit the run started
+    from, and whether tracked files differed from it then."""
+    import dpsyn.cli.train as train
+    import dpsyn.metrics
+
+    head = ["a" * 40]
+    monkeypatch.setattr(train, "_git_sha", lambda: head[0])
+    monkeypatch.setattr(train, "_git_dirty", lambda: True)
+    evaluate = dpsyn.metrics.evaluate
+
+    def commit_during_the_run(*args, **kwargs):
+        head[0] = "b" * 40  # a commit lands while the run is scored
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(dpsyn.metrics, "evaluate", commit_during_the_run)
+    result = run(make_cfg("method=real", "dataset=breast_cancer", "eps=inf"), tmp_path / "run")
+    on_disk = read_json(tmp_path / "run" / "result.json")
+    assert result["git_sha"] == on_disk["git_sha"] == "a" * 40 and on_disk["git_dirty"] is True

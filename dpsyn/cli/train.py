@@ -43,6 +43,16 @@ def _git_sha() -> str | None:
         return None
 
 
+def _git_dirty() -> bool | None:
+    """Whether tracked files differ from HEAD (untracked files are not counted); None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_DIR,
+                             capture_output=True, text=True, timeout=10, check=True)
+        return bool(out.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -153,6 +163,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from dpsyn.console import settle_library_handlers
 
     t_start = time.perf_counter()
+    # the code that trains is the code at the start: HEAD may move during a long run
+    code = {"git_sha": _git_sha(), "git_dirty": _git_dirty()}
     settle_library_handlers()  # the libraries are imported now: each of their log lines printed once
     check_composed(cfg)
     private_trial = is_private_trial(cfg)
@@ -290,7 +302,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "metrics_split": data.eval_split,
             **({"tuning": tuning} if tuning else {}),
             "timings": {"fit_s": fit_s, "sample_s": sample_s, **{f"metric_{k}_s": v for k, v in metric_s.items()}},
-            "git_sha": _git_sha(),
+            **code,  # git_sha, git_dirty: at the start of this process (a resumed run: of the resume)
             "versions": _versions(),
             "run_dir": str(run_dir),
             "overrides": list(_task_overrides()),
