@@ -550,6 +550,7 @@ def test_single_pate_event_equals_pate_epsilon(bound):
     event = ledger.events[event_id]
     assert event.queries == 192 and event.answered == int(answered.sum())
     raw = "; raw: a function of the private votes, not itself a DP release" if bound == "data_dependent" else ""
+    assert ledger.raw_data_dependent() == (bound == "data_dependent")
     assert ledger.accountant_description().endswith(
         f"composition of 1 pate confident-gnmax event(s) ({bound.replace('_', '-')} bound{raw})"
     )
@@ -825,7 +826,9 @@ def test_smooth_release_and_its_ledger_cost():
     pid = ledger.add(PATEEvent(bound="data_dependent", **kw))
     ledger.record_pate_queries(pid, votes, answered)
     before = ledger.epsilon()
+    assert ledger.raw_data_dependent()
     ledger.record_pate_smooth_release(pid, release)
+    assert not ledger.raw_data_dependent()  # released with smooth sensitivity: no longer raw
     orders = rdp_orders()
     expected = rdp_to_epsilon(
         rdp=np.asarray(ledger.events[pid].rdp_data_dependent) + gnss_rdp(beta=beta, sigma_ss=sigma_ss, orders=orders),

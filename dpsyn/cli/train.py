@@ -244,7 +244,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         atomic_save_npz(run_dir / "samples.npz", x=samples.x, y=samples.y if samples.y is not None else [])
         if data.kind == "image":
             # a raw data-dependent PATE epsilon is labelled as such wherever it is shown (not itself a DP release)
-            raw = ", raw data-dependent" if "raw:" in ledger.accountant_description() else ""
+            raw = ", raw data-dependent" if ledger.raw_data_dependent() else ""
             save_sample_grid(
                 run_dir / "samples.png",
                 samples.x,

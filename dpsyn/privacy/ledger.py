@@ -739,6 +739,11 @@ class PrivacyLedger:
         rdp = events_rdp([*plan.sampled, *plan.gaussian, *plan.pate, *plan.select], orders)
         return rdp_to_epsilon(rdp=rdp, orders=orders, delta=delta)[0]
 
+    def raw_data_dependent(self) -> bool:
+        """Whether the reported epsilon is a raw data-dependent PATE bound: a function of the private votes, not
+        itself a DP release (a ``data_dependent`` PATE event without a smooth-sensitivity release)."""
+        return any(e.bound == "data_dependent" and e.smooth_release is None for e in self._plan().pate)
+
     def accountant_description(self) -> str:
         """Which accountant :meth:`epsilon` uses, for result rows.
 
