@@ -66,8 +66,8 @@ def score(run: Path, *, every: int = 500, points: int = 0, n: int = 10000, out: 
     data = load_dataset(cfg.dataset, seed=int(cfg.seed), data_dir=cfg.paths.data_dir, public=False)
     shape, k = tuple(data.private.x.shape[1:]), len(data.classes)
     copies: dict[int, Path] = {}
-    for p in sorted((run / "snap").glob("*.pt")):
-        copies.setdefault(int(torch.load(p, map_location="cpu", weights_only=False)["step"]), p)
+    for p in sorted((run / "snap").glob("*.pt")):  # memory-mapped: reading the step does not read the weights
+        copies.setdefault(int(torch.load(p, map_location="cpu", weights_only=False, mmap=True)["step"]), p)
     seed = int(cfg.seed)
     labels = np.random.default_rng(seed).permutation(np.arange(n) % k).astype(np.int64)  # the same at every step
     rows, tiles = [], []
