@@ -86,7 +86,7 @@ class DPGANSchema(MethodSchema):
     z_dim: int = f(64, **POSITIVE)
     ngf: int = f(32, **POSITIVE)
     ndf: int = f(32, **POSITIVE)
-    grad_sample_mode: str = f("hooks", choices=("hooks", "functorch"))
+    grad_sample_mode: str = f("fused", choices=("fused", "hooks", "functorch"))
     dpsgd_step: str = f("paired", choices=("paired", "split"))
     split_fake_rows: Optional[int] = f(None, ge=2)
     checkpoint_every: int = f(100, **NON_NEGATIVE)

@@ -76,10 +76,11 @@ def private_discriminator_loader(
     """``(D, loader, dp)`` for a Lightning GAN whose discriminator reads ``data`` (private rows).
 
     Under a budget: ``D`` wrapped for per-sample gradients (``grad_sample_mode`` ``functorch`` forces Opacus's
-    functorch path), a Poisson ``DPDataLoader`` at rate ``batch / len(data)``, and ``dp`` = noise multiplier (for
-    the Trainer's exact step count), clip norm, the noise generator (OS entropy unless
-    ``ctx.deterministic_noise``) and ``max_steps``. Without one (eps=inf): ``D`` as it is, a shuffled loader seeded
-    by ``ctx.seed``, ``dp`` None.
+    functorch path; ``fused`` wraps with hooks, and the module's paired step computes them with
+    :mod:`dpsyn.lit.fused_grad_sample` instead where that supports ``D``), a Poisson ``DPDataLoader`` at rate
+    ``batch / len(data)``, and ``dp`` = noise multiplier (for the Trainer's exact step count), clip norm, the noise
+    generator (OS entropy unless ``ctx.deterministic_noise``), ``max_steps`` and ``grad_sample_mode``. Without one
+    (eps=inf): ``D`` as it is, a shuffled loader seeded by ``ctx.seed``, ``dp`` None.
 
     ``distributed`` (one rank of ``trainer=ddp``, :mod:`dpsyn.lit.ddp`; the process group initialised): the loader
     samples this rank's shard of ``data`` at the same rate ``batch / len(data)`` (so the expected global batch is
@@ -120,6 +121,7 @@ def private_discriminator_loader(
         "generator": dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=noise_device),
         "max_steps": steps,
         "distributed": bool(distributed),
+        "grad_sample_mode": grad_sample_mode,
     }
     return D, loader, dp
 

@@ -36,6 +36,7 @@ and the generator's gradients are averaged over the ranks before its step, so G 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -47,7 +48,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dpsyn.lit import fused_grad_sample
 from dpsyn.privacy import gaussian_mechanism
+
+log = logging.getLogger(__name__)
 
 DPSGD_STEPS: tuple[str, ...] = ("paired", "split")
 """How a DP discriminator step treats the fake rows (module docstring); ``paired`` is the default."""
@@ -65,7 +69,10 @@ class GANModule(L.LightningModule):
         lr_g, lr_d, beta1: Adam settings.
         dp: None for a non-private run, else a dict with ``noise_multiplier``, ``max_grad_norm``,
             ``generator`` (torch.Generator for the DP noise) and ``max_steps`` (the steps the budget was
-            calibrated for: training stops there, whatever the Trainer would do).
+            calibrated for: training stops there, whatever the Trainer would do); optionally
+            ``grad_sample_mode``: ``fused`` computes the paired step's per-sample gradients with
+            :mod:`dpsyn.lit.fused_grad_sample` where it supports the discriminator (otherwise, and in the split
+            step, the hooks of the wrapping ``GradSampleModule`` do).
         dpsgd_step: ``split`` (real rows clipped and noised; a fixed number of fake rows clipped, averaged and added
             after the noise) or ``paired`` (real and fake rows paired and clipped together); see the module
             docstring. Ignored without ``dp``.
@@ -102,6 +109,12 @@ class GANModule(L.LightningModule):
         self.dp_steps = 0  # discriminator releases made: what the ledger charges (one per global step under DDP)
         # one rank of trainer=ddp (dpsyn.lit.ddp): the process group is up when the Trainer calls the hooks below
         self.distributed = dp is not None and bool(dp.get("distributed", False))
+        # dpsyn's one-pass per-sample gradients for the paired step: Opacus's gradients at about half the cost
+        self.fused = (dp is not None and dp.get("grad_sample_mode") == "fused" and dpsgd_step == "paired"
+                      and fused_grad_sample.supports(discriminator))
+        if dp is not None:
+            log.info("DP discriminator step %s: per-sample gradients by %s", dpsgd_step,
+                     "dpsyn's fused engine" if self.fused else "Opacus's GradSampleModule")
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         opt_g = torch.optim.Adam(self.G.parameters(), lr=self.lr_g, betas=(self.beta1, 0.999))
@@ -144,15 +157,22 @@ class GANModule(L.LightningModule):
                 z, y_fake = self._latent(max(self.batch, b))
                 fake = self.G(z, y_fake)[:b]
                 y_fake = y_fake[:b]
-            loss_real = F.binary_cross_entropy_with_logits(self.D(x, y), torch.ones(b, device=self.device),
-                                                           reduction="sum")
-            loss_fake = F.binary_cross_entropy_with_logits(
-                self.D(fake, y_fake), torch.zeros(b, device=self.device), reduction="sum"
-            )
-            loss_d = loss_real + loss_fake
-            if self.dp is None:
-                loss_d = loss_d / self.batch
-            self.manual_backward(loss_d)
+            if self.fused:
+                # the per-row real + fake gradients Opacus's hooks would leave, in one pass (no loss to log)
+                targets = torch.cat([torch.ones(b, device=self.device), torch.zeros(b, device=self.device)])
+                fused_grad_sample.set_grad_samples(opt_d, fused_grad_sample.grad_samples(
+                    self.D, torch.cat([x, fake]), torch.cat([y, y_fake]), targets, paired=True))
+                loss_real = loss_fake = None
+            else:
+                loss_real = F.binary_cross_entropy_with_logits(self.D(x, y), torch.ones(b, device=self.device),
+                                                               reduction="sum")
+                loss_fake = F.binary_cross_entropy_with_logits(
+                    self.D(fake, y_fake), torch.zeros(b, device=self.device), reduction="sum"
+                )
+                loss_d = loss_real + loss_fake
+                if self.dp is None:
+                    loss_d = loss_d / self.batch
+                self.manual_backward(loss_d)
             opt_d.step()
         self.dp_steps += 1
 
