@@ -6,13 +6,15 @@ constructions, :func:`dpsyn.lit.gan.split_dp_step` and Opacus's ``DPOptimizer`` 
 :func:`dpsyn.lit.dpsgd.dp_optimizer` builds it):
 
 * ``paired``: real row i and fake row i clipped together (Opacus's DCGAN example), per-sample gradients for all 2B
-  rows (the default, ``method.dpsgd_step=paired``);
+  rows (``method.dpsgd_step=paired``, the default);
 * ``split``: the real rows clipped and noised; m fake rows clipped per row (no noise: nothing private in them),
   averaged and added (``method.dpsgd_step=split``, m = ``method.split_fake_rows``, default B; ``split_m32``: m = 32);
-* each with Opacus's ``hooks`` or ``functorch`` per-sample gradients (``method.grad_sample_mode``);
+* with per-sample gradients from dpsyn's one-pass engine (``fused``, :mod:`dpsyn.lit.fused_grad_sample`, paired
+  only; the default) or Opacus's ``hooks`` or ``functorch`` (``method.grad_sample_mode``).
 
-The line of the configured default (conf/method/dp_gan.yaml) is marked ``(default)``. Ratios differ between CPUs,
-so the CPU model is printed first.
+The steps are timed in turns (one call of each, round after round), so a machine that speeds up or slows down
+during the run moves every mode alike. The line of the configured default (conf/method/dp_gan.yaml) is marked
+``(default)``. Ratios differ between CPUs, so the CPU model is printed first.
 Usage: python benchmarks/dpsgd_step.py [--batch 128] [--steps 30] [--threads N]
 """
 
@@ -29,13 +31,14 @@ import torch
 from omegaconf import OmegaConf
 from torch.nn import functional as F
 
+from dpsyn.lit import fused_grad_sample
 from dpsyn.lit.dpsgd import dp_optimizer
 from dpsyn.lit.gan import split_dp_step
 from dpsyn.machine import cpu_model
 from dpsyn.nets.dcgan import CondDCGANDiscriminator
 
 MODES: tuple[tuple[str, str], ...] = (
-    ("paired", "hooks"), ("paired", "functorch"), ("split", "hooks"), ("split", "functorch"),
+    ("paired", "fused"), ("paired", "hooks"), ("paired", "functorch"), ("split", "hooks"), ("split", "functorch"),
     ("split_m32", "hooks"), ("split_m32", "functorch"),
 )
 """(construction, per-sample engine); ``split_m32``: a split step with 32 fake rows (``method.split_fake_rows=32``)."""
@@ -80,6 +83,17 @@ def make_step(step_kind: str, engine: str, batch: int, device: str = "cpu") -> C
                           real_loss=lambda: _bce(gsm(x, y), 1.0))
         return split
 
+    if engine == "fused":
+        rows, labels = torch.cat([x, fake]), torch.cat([y, y])
+        targets = torch.cat([torch.ones(batch, device=device), torch.zeros(batch, device=device)])
+
+        def paired_fused() -> None:
+            opt.zero_grad(set_to_none=True)
+            fused_grad_sample.set_grad_samples(
+                opt, fused_grad_sample.grad_samples(gsm, rows, labels, targets, paired=True))
+            opt.step()
+        return paired_fused
+
     def paired() -> None:
         opt.zero_grad(set_to_none=True)
         (_bce(gsm(x, y), 1.0) + _bce(gsm(fake, y), 0.0)).backward()
@@ -87,31 +101,44 @@ def make_step(step_kind: str, engine: str, batch: int, device: str = "cpu") -> C
     return paired
 
 
-def time_step(step: Callable[[], None], steps: int, sync: Callable[[], None] = lambda: None) -> float:
-    """Median wall time of ``steps`` calls, after 3 warm-up calls."""
-    for _ in range(3):
-        step()
+def time_steps(steps_by_name: dict[str, Callable[[], None]], rounds: int,
+               sync: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """Median wall time of each step over ``rounds`` rounds, after 3 warm-up calls each. Each round calls every step
+    once, in turn, so that drift in the machine's speed (other tenants, frequency) falls on all of them alike."""
+    for step in steps_by_name.values():
+        for _ in range(3):
+            step()
     sync()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in steps_by_name}
+    for _ in range(rounds):
+        for name, step in steps_by_name.items():
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def ratios(batch: int, steps: int, device: str = "cpu") -> dict[str, float | str]:
     """``{"plain_ms": ..., "<step>/<engine>": ratio or "failed: ..."}``, all measured in this call."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    base = time_step(make_step("plain", "", batch, device), steps, sync)
-    out: dict[str, float | str] = {"plain_ms": base * 1e3}
+    built: dict[str, Callable[[], None]] = {"plain": make_step("plain", "", batch, device)}
+    out: dict[str, float | str] = {}
     for kind, engine in MODES:
+        name = f"{kind}/{engine}"
         try:
-            out[f"{kind}/{engine}"] = time_step(make_step(kind, engine, batch, device), steps, sync) / base
-        except Exception as e:  # noqa: BLE001 - an engine Opacus cannot run on this device is reported, not fatal
-            out[f"{kind}/{engine}"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
-    return out
+            step = make_step(kind, engine, batch, device)
+            step()  # an engine Opacus cannot run on this device fails here, before the timed rounds
+            built[name] = step
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            out[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+    med = time_steps(built, steps, sync)
+    base = med.pop("plain")
+    res: dict[str, float | str] = {"plain_ms": base * 1e3}
+    for kind, engine in MODES:
+        name = f"{kind}/{engine}"
+        res[name] = med[name] / base if name in med else out[name]
+    return res
 
 
 def main() -> None:
@@ -127,7 +154,7 @@ def main() -> None:
     print(f"CPU: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     res = ratios(args.batch, args.steps)
     default = "/".join(default_mode())
-    print(f"dp_gan discriminator step, batch {args.batch}, median of {args.steps}")
+    print(f"dp_gan discriminator step, batch {args.batch}, median of {args.steps} rounds")
     print(f"  plain (non-private)           {res['plain_ms']:8.2f} ms   1.00x")
     for key, r in res.items():
         if key == "plain_ms":
