@@ -11,6 +11,7 @@ took (wall seconds, CPU model). Rows already in OUT.csv for the same run directo
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import sys
@@ -48,7 +49,11 @@ def row(run_dir: Path) -> dict[str, object]:
 
 
 def main(argv: list[str]) -> None:
-    out, dirs = Path(argv[0]), [Path(a) for a in argv[1:]]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="the CSV to write (rows of the same run directory name are replaced)")
+    ap.add_argument("run_dirs", type=Path, nargs="+", help="finished run directories (with result.json)")
+    args = ap.parse_args(argv)  # an option such as --help is never taken for the output file
+    out, dirs = args.out, args.run_dirs
     rows = {}
     if out.exists():
         with out.open() as f:
