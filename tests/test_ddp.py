@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from dpsyn.nets.dcgan import CondDCGANDiscriminator
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator
 
 WORLD, B, CLIP, NM, SEED = 2, 8, 0.5, 0.8, 13
@@ -24,27 +25,34 @@ SHAPE, CLASSES = (6,), 3
 ROWS = [(3, 5), (4, 0), (0, 2)]
 
 
-def _disc() -> CondMLPDiscriminator:
+IMAGE = (1, 8, 8)  # the rows of the fused mode: dp_gan's DCGAN discriminator, which the fused engine computes
+
+
+def _disc(mode: str = "split") -> torch.nn.Module:
     torch.manual_seed(0)
+    if mode == "paired_fused":
+        return CondDCGANDiscriminator(num_classes=CLASSES, channels=1, resolution=IMAGE[1], ndf=2)
     return CondMLPDiscriminator(num_classes=CLASSES, shape=SHAPE, hidden=(16,))
 
 
-def _rows(step: int, rank: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _rows(step: int, rank: int, n: int, mode: str = "split") -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + 10 * step + rank)
-    return torch.randn(n, *SHAPE, generator=g) * 3, torch.randint(0, CLASSES, (n,), generator=g)
+    shape = IMAGE if mode == "paired_fused" else SHAPE
+    return torch.randn(n, *shape, generator=g) * 3, torch.randint(0, CLASSES, (n,), generator=g)
 
 
-def _fakes(step: int, rank: int, n: int = B // WORLD) -> tuple[torch.Tensor, torch.Tensor]:
+def _fakes(step: int, rank: int, n: int = B // WORLD, mode: str = "split") -> tuple[torch.Tensor, torch.Tensor]:
     """Fake rows: B/W for a split step; a paired step takes max(B/W, b) as GANModule does, and uses the first b."""
     g = torch.Generator().manual_seed(2000 + 10 * step + rank)
-    return torch.randn(n, *SHAPE, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
+    shape = IMAGE if mode == "paired_fused" else SHAPE
+    return torch.randn(n, *shape, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
 
 
 def _flat(params) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in params]).clone()
 
 
-MODES = ("split", "paired")
+MODES = ("split", "paired", "paired_fused")
 
 
 def _rank(rank: int, port: int, out: str) -> None:
@@ -74,17 +82,26 @@ def _rank_steps(rank: int, mode: str) -> list[torch.Tensor]:
     from dpsyn.lit.dpsgd import dp_optimizer
     from dpsyn.lit.gan import noise_only_step, split_dp_step
 
-    gsm = GradSampleModule(_disc(), loss_reduction="sum")
+    from dpsyn.lit import fused_grad_sample
+
+    gsm = GradSampleModule(_disc(mode), loss_reduction="sum")
     # rank 1 gets a generator of its own: if it drew noise, the update would not match rank 0's replay
     gen = torch.Generator().manual_seed(SEED if rank == 0 else SEED + 99)
     opt = dp_optimizer(torch.optim.SGD(gsm.parameters(), lr=1.0), noise_multiplier=NM, max_grad_norm=CLIP,
                        expected_batch_size=B // WORLD, generator=gen, distributed=True)
     after = []
     for step, counts in enumerate(ROWS):
-        x, y = _rows(step, rank, counts[rank])
-        fake, y_fake = _fakes(step, rank, max(B // WORLD, len(x)) if mode == "paired" else B // WORLD)
-        if mode == "paired":  # GANModule's paired step: real row i and fake row i clipped together
-            if len(x):
+        x, y = _rows(step, rank, counts[rank], mode)
+        fake, y_fake = _fakes(step, rank, max(B // WORLD, len(x)) if mode != "split" else B // WORLD, mode)
+        if mode != "split":  # GANModule's paired step: real row i and fake row i clipped together
+            b = len(x)
+            if b and mode == "paired_fused":  # the default engine: per-pair gradients in one pass
+                opt.zero_grad(set_to_none=True)
+                fused_grad_sample.set_grad_samples(opt, fused_grad_sample.grad_samples(
+                    gsm, torch.cat([x, fake[:b]]), torch.cat([y, y_fake[:b]]),
+                    torch.cat([torch.ones(b), torch.zeros(b)]), paired=True))
+                opt.step()
+            elif b:
                 opt.zero_grad(set_to_none=True)
                 loss = F.binary_cross_entropy_with_logits(gsm(x, y), torch.ones(len(x)), reduction="sum")
                 loss = loss + F.binary_cross_entropy_with_logits(gsm(fake[: len(x)], y_fake[: len(x)]),
@@ -123,18 +140,18 @@ def _reference(mode: str = "split") -> list[torch.Tensor]:
     one row), summed, one N(0, (NM*CLIP)^2) draw from rank 0's generator (Opacus's order: one tensor per parameter),
     / B; ``split``: plus the mean of all fake rows' clipped gradients (each rank's mean, averaged over ranks: the
     same count on every rank). SGD lr 1."""
-    D = _disc()
+    D = _disc(mode)
     params = list(D.parameters())
     gen = torch.Generator().manual_seed(SEED)
     out = []
     for step, counts in enumerate(ROWS):
         clipped = torch.zeros(sum(p.numel() for p in params))
         for rank in range(WORLD):
-            x, y = _rows(step, rank, counts[rank])
-            fake, y_fake = _fakes(step, rank, max(B // WORLD, len(x)))
+            x, y = _rows(step, rank, counts[rank], mode)
+            fake, y_fake = _fakes(step, rank, max(B // WORLD, len(x)), mode)
             for i in range(len(x)):
                 loss = _bce(D, x[i:i + 1], y[i:i + 1], 1.0)
-                if mode == "paired":
+                if mode != "split":
                     loss = loss + _bce(D, fake[i:i + 1], y_fake[i:i + 1], 0.0)
                 clipped += _clipped_row(D, loss)
         noise = torch.cat([torch.normal(0.0, NM * CLIP, size=p.shape, generator=gen).flatten() for p in params])
@@ -183,6 +200,16 @@ def test_two_gloo_ranks_paired_step_adds_the_noise_once_per_step(gloo_ranks: lis
     shard) against the one-process reference with rank 0's noise replayed."""
     got = [g["after"]["paired"] for g in gloo_ranks]
     want = _reference("paired")
+    for step in range(len(ROWS)):
+        assert torch.equal(got[0][step], got[1][step]), "the ranks' discriminators differ"
+        torch.testing.assert_close(got[0][step], want[step], rtol=1e-4, atol=1e-6)
+
+
+def test_two_gloo_ranks_fused_paired_step_adds_the_noise_once_per_step(gloo_ranks: list[dict]) -> None:
+    """dp_gan's default engine under DDP: each rank's fused per-pair gradients through DistributedDPOptimizer, against
+    the one-process row-by-row reference with rank 0's noise replayed (the DCGAN discriminator, 8x8 images)."""
+    got = [g["after"]["paired_fused"] for g in gloo_ranks]
+    want = _reference("paired_fused")
     for step in range(len(ROWS)):
         assert torch.equal(got[0][step], got[1][step]), "the ranks' discriminators differ"
         torch.testing.assert_close(got[0][step], want[step], rtol=1e-4, atol=1e-6)
