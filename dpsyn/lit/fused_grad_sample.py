@@ -1,8 +1,8 @@
 """Per-sample gradients of dp_gan's paired DP-SGD step in one pass (``method.grad_sample_mode=fused``, the default).
 
 Written by hand, although Opacus computes per-sample gradients, because Opacus's ``hooks`` and ``functorch`` engines
-made dp_gan's DP discriminator step 2.1-2.7x a plain step on the 2-core CPUs here (``make bench``), for three
-reasons that this module removes:
+make dp_gan's DP discriminator step 2.0-2.5x a plain step on the 2-core CPUs here (``make bench``; this engine:
+1.1-1.3x), for three reasons that this module removes:
 
 * autograd still computes every weight gradient of the batch, which the DP optimizer then discards;
 * a convolution's per-sample gradient goes through ``unfold`` (im2col), which on a CPU costs more than the matrix
@@ -18,7 +18,8 @@ so clipping, the noise and the division by the expected batch size stay Opacus's
 gradients and against a row-by-row reference, and checks that a row's gradient depends on that row alone (the
 sensitivity argument of the paired step).
 
-The function computed is the module's own forward, the same parameters in the same layout: nothing about the
+The function differentiated is the module's own forward, with the same parameters in the same layout; only the first
+convolution is summed in two parts, its image channels and its label maps, equal up to rounding. Nothing about the
 discriminator changes, so checkpoints, eps=inf runs and the generator step are untouched.
 """
 
@@ -51,7 +52,7 @@ def _conv_supported(layer: nn.Conv2d) -> bool:
 
 
 def supports(discriminator: nn.Module) -> bool:
-    """Whether :func:`paired_grad_samples` can compute ``discriminator``'s per-sample gradients: a
+    """Whether :func:`grad_samples` can compute ``discriminator``'s per-sample gradients: a
     :class:`CondDCGANDiscriminator` (possibly wrapped) whose layers are groups-1 zero-padded ``Conv2d``, 2-d
     ``Linear`` and parameter-free activations, the first layer a ``Conv2d``."""
     D = unwrap(discriminator)
