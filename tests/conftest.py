@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from types import ModuleType
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -193,3 +196,14 @@ class RecordingBar:
 
     def close(self) -> None:
         self.closed = True
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script of the repository that is not a package module (benchmarks/, experiments/), imported from its path
+    under ``name`` (registered in ``sys.modules``: dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "long2021" / "measured" / "collect.py"
 
 
 def _collect():
-    spec = importlib.util.spec_from_file_location("collect", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "long2021_collect")
 
 
 def test_help_prints_usage_and_writes_no_file(tmp_path: Path, monkeypatch, capsys) -> None:

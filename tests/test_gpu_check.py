@@ -3,7 +3,6 @@ after every check, the budgets, and the detection of module calls off the expect
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,19 +15,12 @@ import torch
 
 from dpsyn.methods import METHODS
 from dpsyn.paths import REPO_DIR
+from tests.conftest import load_script
 
 SCRIPT = REPO_DIR / "benchmarks" / "gpu_check.py"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("dpsyn_gpu_check_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-gc = _load_script()
+gc = load_script(SCRIPT, "dpsyn_gpu_check_under_test")
 
 
 def _env(**extra: str) -> dict[str, str]:

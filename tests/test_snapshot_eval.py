@@ -4,7 +4,6 @@ with the released generator (gs_wgan: the EMA), and writes the curve and the pic
 from __future__ import annotations
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,15 +11,13 @@ import torch
 from omegaconf import OmegaConf
 
 from dpsyn.nets.dcgan import CondDCGANGenerator
+from tests.conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "long2021" / "measured" / "snapshot_eval.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("snapshot_eval", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "snapshot_eval")
 
 
 def test_pick_spreads_the_points_and_keeps_the_ends() -> None:
