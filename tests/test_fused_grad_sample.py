@@ -70,6 +70,18 @@ def test_poisson_batches_of_changing_size_reuse_the_scratch_buffers_correctly() 
             torch.testing.assert_close(ours[p], p.grad_sample, rtol=1e-10, atol=1e-12)
 
 
+def test_the_scratch_is_released_and_allocated_again() -> None:
+    D = _disc(3, 1, 12, 4)
+    x, fake, y, y_fake = _rows(4, 1, 12, 3)
+    rows, labels = torch.cat([x, fake]), torch.cat([y, y_fake])
+    first = fused.grad_samples(D, rows, labels, _targets(4), paired=True)
+    assert fused._SCRATCH._bufs
+    fused.release_scratch()
+    assert not fused._SCRATCH._bufs
+    again = fused.grad_samples(D, rows, labels, _targets(4), paired=True)
+    assert all(torch.equal(first[p], again[p]) for p in D.parameters())
+
+
 def test_unpaired_grad_samples_equal_the_gradient_of_each_row_alone() -> None:
     D = _disc(3, 1, 12, 4)
     x, fake, y, _ = _rows(5, 1, 12, 3)
@@ -212,3 +224,4 @@ def test_dp_gan_default_trains_with_the_fused_engine_within_budget(make_cfg, tmp
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert 0 < result["epsilon_spent"] <= 1.0
     assert len(calls) >= 2 and all(n % 2 == 0 for n in calls)  # empty Poisson batches take the noise-only step
+    assert not fused._SCRATCH._bufs, "the scratch buffers outlived the training"

@@ -98,7 +98,16 @@ class _Scratch:
         return buf[:n]
 
 
+    def clear(self) -> None:
+        self._bufs.clear()
+
+
 _SCRATCH = _Scratch()
+
+
+def release_scratch() -> None:
+    """Free the scratch tensors (at the end of training; the next call allocates them again)."""
+    _SCRATCH.clear()
 
 
 def _patches(a: torch.Tensor, layer: nn.Conv2d, out_hw: tuple[int, int], tag: str) -> torch.Tensor:

@@ -220,6 +220,8 @@ class GANModule(L.LightningModule):
                       backward=self.manual_backward)
 
     def on_train_end(self) -> None:
+        if self.fused:
+            fused_grad_sample.release_scratch()  # the patch buffers (about 0.8 GB at a batch of 4096 on 28x28)
         if self.distributed:
             # G's BatchNorm running statistics saw only this rank's fakes: average them, so every rank holds the
             # same generator (its parameters already are identical: averaged gradients, same optimizer state)
