@@ -20,8 +20,9 @@ The generator only sees the discriminator, so it is post-processing of the discr
     ``max_grad_norm`` like a real row's and averaged, and added to the privatised real-row sum / B. Removing a
     private record changes the clipped real sum by at most ``max_grad_norm`` and nothing else, so the sensitivity
     is unchanged. Measured on the default run (README, Speed): fake rows left unclipped drown the clipped real rows
-    (FD 409 against 145); with m = 32 the step costs 1.4x a plain step against paired's 2.3x, and the samples
-    are slightly worse on 12 seeds (acc 0.48 vs 0.51, FD 151 vs 139; not significant), hence not the default;
+    (FD 409 against 145); with m = 32 the step costs 1.3-1.4x a plain step against paired's 2.1-2.3x with Opacus's
+    hooks (1.1-1.3x with the fused engine, the default), and the samples are slightly worse on 20 seeds (acc 0.49
+    vs 0.51, FD 147 vs 134; not significant), hence not the default;
 * the clipped sum is noised and divided by the *expected* batch size (Poisson DP-SGD must not divide by the
   realised size).
 
