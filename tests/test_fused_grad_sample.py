@@ -162,6 +162,7 @@ def test_supports_only_what_it_computes_exactly() -> None:
     D = _disc(3, 1, 16, 4)
     assert fused.supports(D) and fused.supports(GradSampleModule(D))
     assert not fused.supports(CondMLPDiscriminator(num_classes=2, shape=(6,), hidden=[8]))
+    assert not fused.supports(CondDCGANDiscriminator(num_classes=3, channels=1, resolution=16, ndf=4, out=3))
     grouped = _disc(3, 1, 16, 4)
     grouped.net[2] = nn.Conv2d(4, 8, 4, 2, 1, groups=2).double()
     assert not fused.supports(grouped)

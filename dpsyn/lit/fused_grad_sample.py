@@ -39,8 +39,9 @@ _PARAMETER_FREE = (nn.LeakyReLU, nn.ReLU, nn.Flatten, nn.Identity, nn.Tanh, nn.S
 def unwrap(module: nn.Module) -> nn.Module:
     """The network inside Opacus's ``GradSampleModule`` / ``DPDDP`` and torch's DDP wrappers."""
     while True:
-        inner = getattr(module, "_module", None) or (module.module if isinstance(
-            module, nn.parallel.DistributedDataParallel) else None)
+        inner = getattr(module, "_module", None)
+        if inner is None and isinstance(module, nn.parallel.DistributedDataParallel):
+            inner = module.module
         if inner is None:
             return module
         module = inner
@@ -53,10 +54,10 @@ def _conv_supported(layer: nn.Conv2d) -> bool:
 
 def supports(discriminator: nn.Module) -> bool:
     """Whether :func:`grad_samples` can compute ``discriminator``'s per-sample gradients: a
-    :class:`CondDCGANDiscriminator` (possibly wrapped) whose layers are groups-1 zero-padded ``Conv2d``, 2-d
+    :class:`CondDCGANDiscriminator` with one logit (possibly wrapped) whose layers are groups-1 zero-padded ``Conv2d``, 2-d
     ``Linear`` and parameter-free activations, the first layer a ``Conv2d``."""
     D = unwrap(discriminator)
-    if type(D) is not CondDCGANDiscriminator:
+    if type(D) is not CondDCGANDiscriminator or D.out != 1:  # one logit per row: a GAN discriminator
         return False
     layers = list(D.net)
     if not layers or not isinstance(layers[0], nn.Conv2d):
@@ -234,7 +235,7 @@ def grad_samples(discriminator: nn.Module, x: torch.Tensor, y: torch.Tensor, tar
                 a = z
             else:
                 a = m(a)
-        logits = a.squeeze(1) if D.out == 1 else a
+        logits = a.squeeze(1)
         loss = F.binary_cross_entropy_with_logits(logits, targets.to(logits.dtype), reduction="sum")
         out_grads = torch.autograd.grad(loss, outputs)
 
