@@ -37,14 +37,11 @@ _PARAMETER_FREE = (nn.LeakyReLU, nn.ReLU, nn.Flatten, nn.Identity, nn.Tanh, nn.S
 
 
 def unwrap(module: nn.Module) -> nn.Module:
-    """The network inside Opacus's ``GradSampleModule`` / ``DPDDP`` and torch's DDP wrappers."""
-    while True:
-        inner = getattr(module, "_module", None)
-        if inner is None and isinstance(module, nn.parallel.DistributedDataParallel):
-            inner = module.module
-        if inner is None:
-            return module
+    """The network inside Opacus's ``GradSampleModule`` (under ``trainer=ddp`` too: DPDDP wraps the LightningModule,
+    not the discriminator)."""
+    while (inner := getattr(module, "_module", None)) is not None:
         module = inner
+    return module
 
 
 def _conv_supported(layer: nn.Conv2d) -> bool:
