@@ -33,24 +33,23 @@ from dpsyn.paths import CONF_DIR, REPO_DIR
 log = logging.getLogger("dpsyn")
 
 
-def _git_sha() -> str | None:
+def _git(*args: str) -> str | None:
+    """``git <args>``'s output in the repository, stripped; None outside a git checkout or when git fails."""
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_DIR, capture_output=True, text=True, timeout=5, check=True
-        )
-        return out.stdout.strip() or None
+        out = subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True, timeout=10, check=True)
+        return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def _git_sha() -> str | None:
+    return _git("rev-parse", "HEAD") or None
 
 
 def _git_dirty() -> bool | None:
     """Whether tracked files differ from HEAD (untracked files are not counted); None outside a git checkout."""
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_DIR,
-                             capture_output=True, text=True, timeout=10, check=True)
-        return bool(out.stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        return None
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status)
 
 
 def _versions() -> dict[str, str]:
