@@ -469,3 +469,32 @@ def test_split_step_refuses_a_step_without_per_sample_gradients() -> None:
 
     with pytest.raises(RuntimeError, match="per-sample"):
         split_dp_step(opt, gsm, fake_loss=lambda: gsm(x, y).sum() * 0, real_loss=real_loss_without_hooks)
+
+
+@pytest.mark.parametrize("d_steps", [1, 3])
+def test_d_steps_puts_that_many_charged_discriminator_steps_before_each_generator_step(
+    make_cfg, tmp_path, monkeypatch, d_steps: int
+) -> None:
+    """``method.d_steps`` (DPImageBench's d_updates): 7 discriminator steps make 7 // d_steps generator steps, after
+    discriminator steps d_steps, 2 d_steps, ...; the ledger charges all 7 discriminator steps, whatever the ratio."""
+    from dpsyn.cli.train import run
+    from dpsyn.lit import gan
+    from dpsyn.privacy import dpsgd_epsilon
+
+    g_after: list[int] = []  # the discriminator step count at each generator step
+    monkeypatch.setattr(gan.GANModule, "log_dict", lambda self, d, **k: g_after.append(self.dp_steps))
+    result = run(make_cfg("method=dp_gan", "eps=1", f"method.d_steps={d_steps}", "trainer.limit_train_batches=7",
+                          *SMALL_IMAGE_RUN), tmp_path / "run")
+    assert g_after == list(range(d_steps, 8, d_steps))
+    (event,) = result["privacy_events"]
+    assert event["steps"] == 7
+    assert result["epsilon_spent"] == pytest.approx(dpsgd_epsilon(
+        noise_multiplier=event["noise_multiplier"], sample_rate=event["sample_rate"], steps=7, delta=1e-5))
+
+
+def test_d_steps_must_be_positive() -> None:
+    from dpsyn.lit.gan import GANModule
+
+    with pytest.raises(ValueError, match="d_steps=0"):
+        GANModule(generator=torch.nn.Linear(1, 1), discriminator=torch.nn.Linear(1, 1), z_dim=1, num_classes=2,
+                  expected_batch_size=4, lr_g=1e-3, lr_d=1e-3, beta1=0.5, dp=None, d_steps=0)

@@ -89,6 +89,7 @@ class DPGANSchema(MethodSchema):
     grad_sample_mode: str = f("fused", choices=("fused", "hooks", "functorch"))
     dpsgd_step: str = f("paired", choices=("paired", "split"))
     split_fake_rows: Optional[int] = f(None, ge=2)
+    d_steps: int = f(1, **POSITIVE)
     checkpoint_every: int = f(100, **NON_NEGATIVE)
     table_g_hidden: List[int] = f([64, 64], **WIDTHS)
     table_d_hidden: List[int] = f([64, 64], **WIDTHS)

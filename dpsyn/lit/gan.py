@@ -80,6 +80,9 @@ class GANModule(L.LightningModule):
             after the noise) or ``paired`` (real and fake rows paired and clipped together); see the module
             docstring. Ignored without ``dp``.
         split_fake_rows: the fixed number of fake rows of a ``split`` step (None: the expected batch size B).
+        d_steps: discriminator steps per generator step (DPImageBench's ``d_updates``): the generator steps after
+            every ``d_steps``-th discriminator step. Which steps those are depends on the step count only, never on
+            the data (an empty Poisson batch counts like any other), and the ledger charges every discriminator step.
     """
 
     def __init__(
@@ -96,12 +99,16 @@ class GANModule(L.LightningModule):
         dp: dict[str, Any] | None,
         dpsgd_step: str = "paired",
         split_fake_rows: int | None = None,
+        d_steps: int = 1,
     ) -> None:
         super().__init__()
+        if int(d_steps) < 1:
+            raise ValueError(f"d_steps={d_steps!r}: at least one discriminator step per generator step")
         if dpsgd_step not in DPSGD_STEPS:
             raise ValueError(f"dpsgd_step={dpsgd_step!r}; allowed: {', '.join(DPSGD_STEPS)}")
         self.automatic_optimization = False
         self.dpsgd_step = dpsgd_step
+        self.d_steps = int(d_steps)
         self.fake_rows = int(split_fake_rows or expected_batch_size)
         if self.fake_rows < 2:
             raise ValueError(f"split_fake_rows={split_fake_rows!r}: the generator's BatchNorm needs at least 2 rows")
@@ -178,6 +185,8 @@ class GANModule(L.LightningModule):
                 self.manual_backward(loss_d)
             opt_d.step()
         self.dp_steps += 1
+        if self.dp_steps % self.d_steps:
+            return  # not yet the generator's turn (d_steps > 1); nothing is logged for a discriminator-only step
 
         # generator: post-processing of the DP discriminator; D is frozen (no parameter or per-sample gradients)
         with self._frozen_discriminator():

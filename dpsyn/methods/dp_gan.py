@@ -162,6 +162,7 @@ class DPGAN(Method):
             beta1=float(cfg.beta1),
             dpsgd_step=str(cfg.dpsgd_step),
             split_fake_rows=cfg.split_fake_rows,
+            d_steps=int(cfg.d_steps),
         )
         module_cls: type[GANModule] = GANModule
         if self.label_probs is not None:
