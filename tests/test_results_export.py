@@ -114,6 +114,18 @@ def test_dry_run_counts_finished_cells_and_estimates_from_their_timings(tmp_path
     assert os.environ["DPSYN_OUTPUT_DIR"] == str(tmp_path)
 
 
+def test_dry_run_never_estimates_a_profile_from_another_profiles_timings(tmp_path: Path, monkeypatch,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    """A kept embedded dp_gan run (minutes) must not estimate a dib cell (DPImageBench's length, hours)."""
+    monkeypatch.setenv("DPSYN_OUTPUT_DIR", str(tmp_path))
+    kept = [{"method": "dp_gan", "profile": "embedded", "timings": {"total_s": 200.0}}]
+    assert cli_tables.dry_run("dib", ["dpimagebench/fmnist"], [], kept) == 0.0
+    out = capsys.readouterr().out
+    assert "2 cells, 0 finished, 2 to run (2 cells without a timing to go by)" in out
+    kept.append({"method": "dp_gan", "profile": "dib", "timings": {"total_s": 7200.0}})
+    assert cli_tables.dry_run("dib", ["dpimagebench/fmnist"], [], kept) == pytest.approx(2 * 7200.0)
+
+
 def test_build_from_kept_results_writes_the_tables_the_readme_shows(tmp_path: Path) -> None:
     cli_tables.main(["build", "--from", str(EXPERIMENTS), "--profile", "quick", "--out", str(tmp_path),
                      "--only", "wu2023/table1_fmnist_shoes"])

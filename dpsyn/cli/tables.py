@@ -1,6 +1,6 @@
 """``python -m dpsyn.cli.tables``: run the table sweeps (resuming), then build tables and plots from the runs.
 
-``reproduce --profile embedded|quick|paper``: for each table spec in ``experiments/``, list its cells (from the
+``reproduce --profile embedded|quick|paper|dib`` (dib: DPImageBench's settings, its spec only): for each table spec in ``experiments/``, list its cells (from the
 experiment's ``hydra.sweeper.params``), run the missing ones as one Hydra multirun with ``skip_existing=true`` (a
 cell whose ``result.json`` exists is not trained again; a failing cell is reported and the others go on), then build.
 ``build``: only rebuild tables and plots from the runs on disk, or with ``--from experiments/`` from the results kept
@@ -28,7 +28,7 @@ from typing import Any
 from dpsyn.paths import CONF_DIR, REPO_DIR
 
 EXPERIMENTS_DIR = REPO_DIR / "experiments"
-PROFILES = ("embedded", "quick", "paper")
+PROFILES = ("embedded", "quick", "paper", "dib")  # dib: DPImageBench's own settings (dpimagebench only)
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class CellRun:
 
 
 def experiment_for(spec_experiment: str, profile: str) -> str:
-    """The experiment config of a profile: ``<name>`` (embedded) or ``<name>_paper``."""
+    """The experiment config of a profile: ``<name>`` (embedded) or ``<name>_<profile>``."""
     if profile not in PROFILES:
         raise ValueError(f"profile={profile}: unknown profile; allowed: {', '.join(PROFILES)}")
     return spec_experiment if profile == "embedded" else f"{spec_experiment}_{profile}"
@@ -200,13 +200,15 @@ def _fmt_duration(seconds: float) -> str:
 def dry_run(profile: str, only: list[str] | None, train_args: list[str], kept: list[dict[str, Any]] | None = None) -> float:
     """Print each experiment's cells, how many are finished, and the time the others will take one at a time,
     estimated from finished cells' own timings (same method in the same experiment, else the same method in any
-    kept result, else the experiment's median). Returns the estimated seconds (unknown cells count 0)."""
+    kept result of this profile, else the experiment's median). Returns the estimated seconds (unknown cells count
+    0). Another profile's timings never stand in: a profile sets the training length (an embedded dp_gan run takes
+    minutes, the same method at DPImageBench's length about 2 h)."""
     from dpsyn.results.tables import load_spec
 
-    anywhere: dict[str, list[float]] = {}  # kept results' timings per method (any experiment, any machine)
+    anywhere: dict[str, list[float]] = {}  # this profile's kept results' timings per method (any experiment)
     for r in kept or []:
         sec = (r.get("timings") or {}).get("total_s")
-        if isinstance(sec, float):
+        if isinstance(sec, float) and r.get("profile") == profile:
             anywhere.setdefault(str(r.get("method")), []).append(sec)
     total, unknown_total, seen = 0.0, 0, set()
     for spec_path in specs(only):
