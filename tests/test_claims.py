@@ -125,3 +125,31 @@ def test_claims_command_writes_verdicts_from_kept_results(tmp_path: Path, capsys
     decided = [v for v in out if v["ci95"] is not None]
     assert all(v["a"]["n"] >= 2 for v in decided)
     assert "claims:" in capsys.readouterr().out
+
+
+def test_dpimagebench_claims_are_decided_by_runs_at_dpimagebench_settings_only() -> None:
+    """DPImageBench's numbers come from their training length: the claims read the `dib` profile only, and that
+    profile composes with their DP-GAN settings (configs/DPGAN/fmnist_28_eps*.yaml, dataset_loader.py)."""
+    import math
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    claims = {c.id: c for c in cl.load_claims(EXPERIMENTS / "dpimagebench" / "claims.yaml")}
+    assert all(c.profiles == ("dib",) for c in claims.values())
+    claim = claims["dpgan-eps1"]
+    rec = {**_rec("dp_gan", 0, 0.70, profile="embedded"), "experiment": "dpimagebench_fmnist", "dataset": "fmnist"}
+    assert cl.side_values([rec], claim.a, "acc", claim.profiles) == []  # a short embedded run decides nothing
+    assert cl.side_values([{**rec, "profile": "dib"}], claim.a, "acc", claim.profiles) == [0.70]
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="train", overrides=["experiment=dpimagebench_fmnist_dib", "method=dp_gan"])
+    finally:
+        GlobalHydra.instance().clear()
+    m = cfg.method
+    assert (cfg.profile, cfg.experiment_name) == ("dib", "dpimagebench_fmnist")
+    assert (m.batch_size, m.max_grad_norm, m.lr_d, m.lr_g, m.beta1, m.d_steps) == (4096, 0.001, 5e-4, 2e-4, 0.0, 5)
+    assert (cfg.trainer.max_epochs, cfg.dataset.n_private, cfg.metrics.n_samples) == (150, 55000, 60000)
+    assert cfg.privacy.delta == pytest.approx(1 / (55000 * math.log(55000)), rel=1e-4)

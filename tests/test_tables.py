@@ -108,6 +108,9 @@ def test_every_experiment_composes_for_every_profile(profile: str) -> None:
         specs = [p for p in specs if cli_tables.has_profile(tables.load_spec(p).experiment, profile)]
         assert {tables.load_spec(p).experiment for p in specs} == {
             "wu2023_table1", "lin2023_fig4", "lin2023_ablation", "long2021_table1", "rajotte2020_grid"}
+    if profile == "dib":  # DPImageBench's own settings: their spec only
+        specs = [p for p in specs if cli_tables.has_profile(tables.load_spec(p).experiment, profile)]
+        assert {tables.load_spec(p).experiment for p in specs} == {"dpimagebench_fmnist"}
     experiments = {cli_tables.experiment_for(tables.load_spec(p).experiment, profile): p for p in specs}
     for experiment, spec_path in experiments.items():  # specs may share an experiment: compose each once
         cells = cli_tables.experiment_cells(experiment)
