@@ -60,7 +60,7 @@ gpu-check-wheels:
 	$(BIN)/pip download --no-deps --only-binary=:all: -d .whl $(GPU_WHEELS) || \
 		$(BIN)/pip download --no-deps -d .whl $(GPU_WHEELS)
 
-# PROFILE=embedded|quick|paper; DRY=1 lists the cells, the finished ones and the time the rest will take, runs nothing.
+# PROFILE=embedded|quick|paper|dib; DRY=1 lists the cells, the finished ones and the time the rest will take, runs nothing.
 # After the sweeps: the runs' metrics go to experiments/<paper>/results.csv (kept in the repo), then the claims.
 reproduce-tables:
 ifdef DRY
