@@ -5,8 +5,9 @@ that the numbers survive the machine: `outputs/` is not kept.
 
 Each row: what ran (method, dataset, eps, seed, the command-line overrides, G-PATE's projection and the teacher or
 critic count from the run's config.yaml: defaults change, the git sha says which), what it spent
-(epsilon, the accountant and bound, rounds or iterations), what it scored (downstream accuracy, FD) and how long it
-took (wall seconds, CPU model). Rows already in OUT.csv for the same run directory name are replaced.
+(epsilon, the accountant and bound, rounds or iterations), what it scored (downstream accuracy, FD, and PRDC where
+the run was scored with it) and how long it took (wall seconds, CPU model). Rows already in OUT.csv for the same run
+directory name are replaced.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from pathlib import Path
 
 from dpsyn.machine import cpu_model
 
-FIELDS = ["run", "method", "dataset", "eps", "seed", "overrides", "projection", "teachers", "acc", "fd", "epsilon_spent", "accountant",
-          "bound", "aggregate", "rounds", "answered_rate", "fit_s", "wall_s", "cpu", "git_sha"]
+PRDC = ("precision", "recall", "density", "coverage")  # where the run was scored with prdc (empty otherwise)
+FIELDS = ["run", "method", "dataset", "eps", "seed", "overrides", "projection", "teachers", "acc", "fd", *PRDC,
+          "epsilon_spent", "accountant", "bound", "aggregate", "rounds", "answered_rate", "fit_s", "wall_s", "cpu", "git_sha"]
 
 
 def row(run_dir: Path) -> dict[str, object]:
@@ -40,6 +42,7 @@ def row(run_dir: Path) -> dict[str, object]:
         "seed": r.get("seed"), "overrides": over,
         "projection": method_cfg.get("projection", ""),
         "teachers": method_cfg.get("teachers", method_cfg.get("critics", "")), "acc": metrics.get("acc", ""), "fd": fd,
+        **{k: metrics.get(k, "") for k in PRDC},
         "epsilon_spent": r.get("epsilon_spent"), "accountant": r.get("accountant", ""),
         "bound": prov.get("bound", ""), "aggregate": prov.get("aggregate", ""),
         "rounds": prov.get("steps", prov.get("iterations", "")), "answered_rate": round(prov["answered"] / prov["queries"], 3) if prov.get("queries") else "",
