@@ -42,4 +42,16 @@ def test_rows_of_finished_runs_replace_their_earlier_rows(tmp_path: Path) -> Non
     (run / "result.json").write_text(json.dumps(result))
     collect.main([str(out), str(run)])
     rows = list(csv.DictReader(out.open()))
-    assert [(r["run"], r["acc"], r["fd"]) for r in rows] == [("g_pate_seed0", "0.5", "90.0")]
+    assert [(r["run"], r["acc"], r["fd"], r["metrics_split"]) for r in rows] == [("g_pate_seed0", "0.5", "90.0", "eval")]
+
+
+def test_a_validation_run_and_a_dirty_tree_are_marked(tmp_path: Path) -> None:
+    """A run scored on the validation split must not read as a test-split cell, nor uncommitted code as its sha."""
+    run = tmp_path / "tuning_run"
+    run.mkdir()
+    (run / "result.json").write_text(json.dumps({"method": "g_pate", "metrics": {"acc": 0.6}, "metrics_split": "validation",
+                                                 "git_sha": "abc", "git_dirty": True}))
+    out = tmp_path / "rows.csv"
+    _collect().main([str(out), str(run)])
+    (row,) = csv.DictReader(out.open())
+    assert (row["metrics_split"], row["git_sha"]) == ("validation", "abc-dirty")

@@ -378,6 +378,33 @@ def test_a_round_uses_whole_disjoint_partitions_label_matched_fakes_and_b_times_
     assert event["queries"] == rounds * 15 * 2
 
 
+def test_teacher_fakes_shows_each_teacher_r_label_matched_fakes_per_real_row_at_the_same_queries(
+    make_cfg, tmp_path, monkeypatch
+) -> None:
+    """``method.teacher_fakes=3``: every teacher's step reads its 15 real rows against 45 fakes, the j-th real row's
+    label on fakes j, j+15, j+30, from 45 distinct latents; the generator batch and the ledger's queries stay those of
+    ``teacher_fakes=1`` (fakes are G's output: no query, no cost)."""
+    from dpsyn.cli.train import run
+
+    seen: list[tuple[torch.Size, torch.Size, bool, int]] = []
+    train_step = TeacherEnsemble.train_step
+
+    def spy_train(self, real_x, real_y, fake_x, fake_y):
+        distinct = len(torch.unique(fake_x[0].flatten(1), dim=0))
+        seen.append((real_x.shape[:2], fake_x.shape[:2], torch.equal(fake_y, real_y.repeat(1, 3)), distinct))
+        return train_step(self, real_x, real_y, fake_x, fake_y)
+
+    monkeypatch.setattr(TeacherEnsemble, "train_step", spy_train)
+    result = run(make_cfg(*ROUND, "eps=5", "method.teacher_fakes=3"), tmp_path / "run")
+    rounds = result["sample_provenance"]["steps"]
+    assert rounds == 5 and len(seen) == rounds
+    for real, fake, matched, distinct in seen:
+        assert tuple(real) == (40, 15) and tuple(fake) == (40, 45) and matched and distinct == 45
+    assert result["sample_provenance"]["batch"] == 15
+    (event,) = result["privacy_events"]
+    assert event["queries"] == rounds * 15 * 2
+
+
 def test_small_partitions_keep_the_generator_batch(make_cfg, tmp_path) -> None:
     """Partitions under 15 rows (600 rows / 100 teachers = 6): G keeps batch_size, the teachers take 6 rows."""
     from dpsyn.cli.train import run

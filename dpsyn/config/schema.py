@@ -229,6 +229,7 @@ class GPATESchema(PATENoiseSchema):
     batch_from_partition: bool = True
     teacher_batch: Optional[int] = f(None, **POSITIVE)
     teacher_steps: int = f(1, **POSITIVE)
+    teacher_fakes: int = f(1, **POSITIVE)
     steps: int = f(500, **POSITIVE)
     bound: str = f("data_independent", choices=("data_independent", "data_dependent"))
     inf_aggregate: str = f("mean", choices=("mean", "projected", "vote"))

@@ -12,6 +12,9 @@ gradients of an ensemble of teacher discriminators (Algorithms 1 and 2 of the pa
   smaller partitions (digits, tables) keep ``batch_size`` for the generator and min(batch_size, partition) for the
   teachers. Teacher i's fakes carry its own real rows' labels (label-matched, as the reference code feeds the
   round's conditioning to both), drawn once per round from z ~ U(-1, 1) (``method.latent``).
+  ``method.teacher_fakes=r`` (default 1, the reference code) shows each teacher r fakes per real row, from r*tb
+  fresh latents, the j-th real row's label on fakes j, j+tb, ...: a sharper picture of the generator's distribution
+  at no privacy cost (fakes are G's output; the queries and their count stay those of the round's b samples).
 * DPGradAgg (:func:`dp_grad_agg`), per generated sample x_j: every teacher's gradient g_i = -grad_x BCE(D_i(x_j), 1)
   is projected on a fresh random matrix R_j in R^{d x k} (entries N(0, 1/k), or Gaussian directions inside the span
   of the low 2-D DCT frequencies with ``method.projection=dct``; data-independent, drawn from the run seed), clipped
@@ -272,7 +275,7 @@ class GPATE(Method):
         """Every hyperparameter (checked at compose time by the schema, dpsyn.config.schema.GPATESchema)."""
         hp = pate_hyperparameters(
             cfg, ints=("teachers", "steps", "batch_size", "projection_dim", "bins", "z_dim", "ngf", "ndf",
-                       "teacher_hidden", "teacher_steps", "checkpoint_every"),
+                       "teacher_hidden", "teacher_steps", "teacher_fakes", "checkpoint_every"),
             floats=("sigma_threshold", "sigma", "clip", "lr_g", "lr_d"), hidden=("d_hidden", "g_hidden"),
         )
         hp["teacher_arch"] = str(cfg.teacher_arch)
@@ -426,6 +429,7 @@ class GPATE(Method):
         # training labels: uniform over the classes (images), or drawn from the released proportions (tables)
         label_probs = None if self.proportions is None else torch.as_tensor(self.proportions, dtype=torch.float32)
 
+        r_fakes = hp["teacher_fakes"]  # the round's b fakes (the reference code) when 1
         max_steps = ctx.capped_steps(hp["steps"])
         self.train_log: dict[str, Any] = {"stopped_by": "steps", "batch": b, "teacher_batch": tb,
                                           "partition_size": parts.size, "batch_rule": batch_rule,
@@ -446,12 +450,14 @@ class GPATE(Method):
             for _ in range(hp["teacher_steps"]):
                 rows = parts.sample(tb).to(device)
                 ry = y_all[rows]  # (N, tb)
-                zt = z[:tb] if tb <= b else self._latent(tb, gen).to(device)
+                fy = ry.repeat(1, r_fakes)  # (N, r tb): r fakes per real row, each with that row's label
+                nf = tb * r_fakes
+                zt = z[:nf] if nf <= b else self._latent(nf, gen).to(device)
                 with torch.no_grad():
-                    table = G(zt.repeat(C, 1), torch.arange(C, device=device).repeat_interleave(tb))
-                table = table.view(C, tb, *table.shape[1:])
-                fakes = table[ry, torch.arange(tb, device=device)]  # (N, tb, ...): teacher i's fake j has its label
-                ens.train_step(x_all[rows], ry, fakes, ry)
+                    table = G(zt.repeat(C, 1), torch.arange(C, device=device).repeat_interleave(nf))
+                table = table.view(C, nf, *table.shape[1:])
+                fakes = table[fy, torch.arange(nf, device=device)]  # (N, r tb, ...): teacher i's fake j has its label
+                ens.train_step(x_all[rows], ry, fakes, fy)
             fake = G(z, y)
             g_hat, answered = self._aggregate(ens, fake.detach(), y, aggregate=aggregate, gen=gen, dp_gen=dp_gen,
                                                     event_id=event_id, ledger=ledger)

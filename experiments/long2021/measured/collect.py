@@ -6,7 +6,8 @@ that the numbers survive the machine: `outputs/` is not kept.
 Each row: what ran (method, dataset, eps, seed, the command-line overrides, G-PATE's projection and the teacher or
 critic count from the run's config.yaml: defaults change, the git sha says which), what it spent
 (epsilon, the accountant and bound, rounds or iterations), what it scored (downstream accuracy, FD, and PRDC where
-the run was scored with it) and how long it took (wall seconds, CPU model). Rows already in OUT.csv for the same run
+the run was scored with it, and on which split: ``eval``, the sealed test split, or ``validation``, rows carved from
+the private training set, the only split a setting may be chosen on) and how long it took (wall seconds, CPU model). Rows already in OUT.csv for the same run
 directory name are replaced.
 """
 
@@ -21,7 +22,8 @@ from pathlib import Path
 from dpsyn.machine import cpu_model
 
 PRDC = ("precision", "recall", "density", "coverage")  # where the run was scored with prdc (empty otherwise)
-FIELDS = ["run", "method", "dataset", "eps", "seed", "overrides", "projection", "teachers", "acc", "fd", *PRDC,
+FIELDS = ["run", "method", "dataset", "eps", "seed", "overrides", "projection", "teachers", "metrics_split", "acc", "fd",
+          *PRDC,
           "epsilon_spent", "accountant", "bound", "aggregate", "rounds", "answered_rate", "fit_s", "wall_s", "cpu", "git_sha"]
 
 
@@ -41,13 +43,15 @@ def row(run_dir: Path) -> dict[str, object]:
         "run": run_dir.name, "method": r.get("method"), "dataset": r.get("dataset"), "eps": r.get("eps"),
         "seed": r.get("seed"), "overrides": over,
         "projection": method_cfg.get("projection", ""),
-        "teachers": method_cfg.get("teachers", method_cfg.get("critics", "")), "acc": metrics.get("acc", ""), "fd": fd,
+        "teachers": method_cfg.get("teachers", method_cfg.get("critics", "")),
+        "metrics_split": r.get("metrics_split") or "eval", "acc": metrics.get("acc", ""), "fd": fd,
         **{k: metrics.get(k, "") for k in PRDC},
         "epsilon_spent": r.get("epsilon_spent"), "accountant": r.get("accountant", ""),
         "bound": prov.get("bound", ""), "aggregate": prov.get("aggregate", ""),
         "rounds": prov.get("steps", prov.get("iterations", "")), "answered_rate": round(prov["answered"] / prov["queries"], 3) if prov.get("queries") else "",
         "fit_s": round(float(timings.get("fit_s", 0) or 0), 1),
-        "wall_s": round(float(timings.get("total_s", 0) or 0), 1), "cpu": cpu_model(), "git_sha": r.get("git_sha", ""),
+        "wall_s": round(float(timings.get("total_s", 0) or 0), 1), "cpu": cpu_model(),
+        "git_sha": r.get("git_sha", "") + ("-dirty" if r.get("git_dirty") else ""),
     }
 
 
@@ -61,6 +65,9 @@ def main(argv: list[str]) -> None:
     if out.exists():
         with out.open() as f:
             rows = {r["run"]: r for r in csv.DictReader(f)}
+        for r in rows.values():  # rows written before the column: scored on the eval split unless their command said
+            if not r.get("metrics_split"):
+                r["metrics_split"] = "validation" if "metrics.split=validation" in r["overrides"] else "eval"
     for d in dirs:
         if (d / "result.json").exists():
             rows[d.name] = row(d)
