@@ -7,8 +7,8 @@ Each row: what ran (method, dataset, eps, seed, the command-line overrides, G-PA
 critic count from the run's config.yaml: defaults change, the git sha says which), what it spent
 (epsilon, the accountant and bound, rounds or iterations), what it scored (downstream accuracy, FD, and PRDC where
 the run was scored with it, and on which split: ``eval``, the sealed test split, or ``validation``, rows carved from
-the private training set, the only split a setting may be chosen on) and how long it took (wall seconds, CPU model). Rows already in OUT.csv for the same run
-directory name are replaced.
+the private training set, the only split a setting may be chosen on) and how long it took (wall seconds, CPU
+model). Rows already in OUT.csv for the same run directory name are replaced.
 """
 
 from __future__ import annotations
@@ -65,9 +65,6 @@ def main(argv: list[str]) -> None:
     if out.exists():
         with out.open() as f:
             rows = {r["run"]: r for r in csv.DictReader(f)}
-        for r in rows.values():  # rows written before the column: scored on the eval split unless their command said
-            if not r.get("metrics_split"):
-                r["metrics_split"] = "validation" if "metrics.split=validation" in r["overrides"] else "eval"
     for d in dirs:
         if (d / "result.json").exists():
             rows[d.name] = row(d)
