@@ -104,6 +104,18 @@ def test_preflight_accepts_good_sweeps() -> None:
     preflight(["--cfg", "job", "eps=3"])
 
 
+def test_preflight_reads_method_keys_of_the_method_the_command_line_names_in_an_experiment_sweep() -> None:
+    """An experiment sweeps several methods; ``method=gs_wgan method.critics=5`` on the command line runs gs_wgan
+    only (Hydra: the command line wins over ``hydra.sweeper.params``), so ``method.critics`` is gs_wgan's key, not an
+    unknown key of the default method, and its range is still checked."""
+    preflight(["-m", "experiment=long2021_table1", "method=gs_wgan", "method.critics=5"])
+    preflight(["-m", "experiment=dpimagebench_fmnist_dib", "method=gs_wgan", "method.warm_start_iterations=3"])
+    with pytest.raises(ConfigError, match=r"^method.critics=0: must be an integer >= 1$"):
+        preflight(["-m", "experiment=long2021_table1", "method=gs_wgan", "method.critics=0"])
+    with pytest.raises(ConfigError, match="method.critics=5: unknown key"):  # dp_gan has no critics
+        preflight(["-m", "experiment=long2021_table1", "method=dp_gan", "method.critics=5"])
+
+
 def test_method_needing_public_data_is_refused_on_a_dataset_without(monkeypatch: pytest.MonkeyPatch) -> None:
     # the preflight reads a method's facts from the schema module (no torch), not from the method class
     from dpsyn.config import METHOD_FACTS, MethodFacts

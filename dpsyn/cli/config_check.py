@@ -126,8 +126,11 @@ def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             if multirun:
+                # the groups the command line chose (their first value) must be in the base too: its method.* keys
+                # belong to the method it names, not to the default one
+                chosen = [f"{k}={v[0]}" for k, v in combos.items() if not _plain_key(k) and v]
                 try:
-                    base = compose(config_name="train", overrides=fixed, return_hydra_config=True)
+                    base = compose(config_name="train", overrides=fixed + chosen, return_hydra_config=True)
                 except HydraException as e:
                     raise ConfigError(hydra_error_line(e)) from None
                 params = base.hydra.sweeper.get("params") or {}
