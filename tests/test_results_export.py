@@ -108,22 +108,31 @@ def test_dry_run_counts_finished_cells_and_estimates_from_their_timings(tmp_path
     total = cli_tables.dry_run("quick", ["rajotte2020/grid_digits"], [])
     out = capsys.readouterr().out
     assert "12 cells, 2 finished, 10 to run" in out
-    # 4 gan cells left at the gan median (900 s); 6 privgan cells: no privgan timing, so the experiment's median
-    assert total == pytest.approx(10 * 900.0)
+    # 4 gan cells left at the gan median (900 s); 6 privgan cells: no privgan timing, and a gan timing never stands
+    # in for another method: counted as unknown
+    assert total == pytest.approx(4 * 900.0)
     assert "gan: 2/6 finished, 15.0 min a cell" in out
+    assert "(6 cells without a timing to go by)" in out and "privgan: 0/6 finished\n" in out
     assert os.environ["DPSYN_OUTPUT_DIR"] == str(tmp_path)
 
 
 def test_dry_run_never_estimates_a_profile_from_another_profiles_timings(tmp_path: Path, monkeypatch,
                                                                            capsys: pytest.CaptureFixture) -> None:
-    """A kept embedded dp_gan run (minutes) must not estimate a dib cell (DPImageBench's length, hours)."""
+    """A kept embedded dp_gan run (minutes) must not estimate a dib cell (DPImageBench's length, hours), nor a dib
+    dp_gan run (1.5-2.6 h) a dib gs_wgan cell (a 49 h warm start on 2 cores)."""
     monkeypatch.setenv("DPSYN_OUTPUT_DIR", str(tmp_path))
     kept = [{"method": "dp_gan", "profile": "embedded", "timings": {"total_s": 200.0}}]
     assert cli_tables.dry_run("dib", ["dpimagebench/fmnist"], [], kept) == 0.0
     out = capsys.readouterr().out
-    assert "2 cells, 0 finished, 2 to run (2 cells without a timing to go by)" in out
+    assert "4 cells, 0 finished, 4 to run (4 cells without a timing to go by)" in out
     kept.append({"method": "dp_gan", "profile": "dib", "timings": {"total_s": 7200.0}})
     assert cli_tables.dry_run("dib", ["dpimagebench/fmnist"], [], kept) == pytest.approx(2 * 7200.0)
+    out = capsys.readouterr().out
+    assert "(2 cells without a timing to go by)" in out and "gs_wgan: 0/2 finished\n" in out
+    # a finished dib dp_gan cell in outputs/ does not estimate the gs_wgan cells either
+    done = next(c for c in cli_tables.experiment_cells("dpimagebench_fmnist_dib") if "method=dp_gan" in c.overrides)
+    atomic_write_json(done.run_dir / "result.json", {"method": "dp_gan", "timings": {"total_s": 5000.0}})
+    assert cli_tables.dry_run("dib", ["dpimagebench/fmnist"], [], kept) == pytest.approx(5000.0)
 
 
 def test_build_from_kept_results_writes_the_tables_the_readme_shows(tmp_path: Path) -> None:

@@ -200,9 +200,10 @@ def _fmt_duration(seconds: float) -> str:
 def dry_run(profile: str, only: list[str] | None, train_args: list[str], kept: list[dict[str, Any]] | None = None) -> float:
     """Print each experiment's cells, how many are finished, and the time the others will take one at a time,
     estimated from finished cells' own timings (same method in the same experiment, else the same method in any
-    kept result of this profile, else the experiment's median). Returns the estimated seconds (unknown cells count
-    0). Another profile's timings never stand in: a profile sets the training length (an embedded dp_gan run takes
-    minutes, the same method at DPImageBench's length about 2 h)."""
+    kept result of this profile). Returns the estimated seconds (unknown cells count 0, and are counted). Another
+    profile's or another method's timings never stand in: a profile sets the training length (an embedded dp_gan run
+    takes minutes, the same method at DPImageBench's length about 2 h), and methods of one profile differ as much
+    (at DPImageBench's setting a GS-WGAN run's warm start alone is about 49 h on 2 cores, 30x a DP-GAN run)."""
     from dpsyn.results.tables import load_spec
 
     anywhere: dict[str, list[float]] = {}  # this profile's kept results' timings per method (any experiment)
@@ -228,13 +229,12 @@ def dry_run(profile: str, only: list[str] | None, train_args: list[str], kept: l
             sec = _run_seconds(c.run_dir)
             if sec is not None:
                 timed.setdefault(_cell_method(c, default_method), []).append(sec)
-        all_timed = [x for v in timed.values() for x in v]
         est, unknown = 0.0, 0
         for c in cells:
             if c.status == "done":
                 continue
             m = _cell_method(c, default_method)
-            pool = timed.get(m) or anywhere.get(m) or all_timed
+            pool = timed.get(m) or anywhere.get(m)
             if pool:
                 est += statistics.median(pool)
             else:
