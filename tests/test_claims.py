@@ -145,11 +145,28 @@ def test_dpimagebench_claims_are_decided_by_runs_at_dpimagebench_settings_only()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=["experiment=dpimagebench_fmnist_dib", "method=dp_gan"])
+            dib = ["experiment=dpimagebench_fmnist_dib"]
+            cfg = compose(config_name="train", overrides=[*dib, "method=dp_gan"])
+            gsw = compose(config_name="train", overrides=[*dib, "method=gs_wgan"])
+            sweep = compose(config_name="train", overrides=dib, return_hydra_config=True).hydra.sweeper.params
+            embedded = compose(config_name="train", overrides=["method=gs_wgan"])
     finally:
         GlobalHydra.instance().clear()
+    assert set(str(sweep.method).split(",")) == {"dp_gan", "gs_wgan"}  # every DPImageBench claim has its cells
+    assert {c.a.select["method"] for c in claims.values()} == {"dp_gan", "gs_wgan"}
+    for c in (cfg, gsw):
+        assert (c.profile, c.experiment_name) == ("dib", "dpimagebench_fmnist")
+        assert (c.dataset.n_private, c.metrics.n_samples) == (55000, 60000)
+        assert c.privacy.delta == pytest.approx(1 / (55000 * math.log(55000)), rel=1e-4)
     m = cfg.method
-    assert (cfg.profile, cfg.experiment_name) == ("dib", "dpimagebench_fmnist")
     assert (m.batch_size, m.max_grad_norm, m.lr_d, m.lr_g, m.beta1, m.d_steps) == (4096, 0.001, 5e-4, 2e-4, 0.0, 5)
-    assert (cfg.trainer.max_epochs, cfg.dataset.n_private, cfg.metrics.n_samples) == (150, 55000, 60000)
-    assert cfg.privacy.delta == pytest.approx(1 / (55000 * math.log(55000)), rel=1e-4)
+    assert cfg.trainer.max_epochs == 150
+    # GS-WGAN at DPImageBench's setting (configs/GS-WGAN/fmnist_28_eps*.yaml, models/gs_wgan.py)
+    g = gsw.method
+    assert (g.critics, g.warm_start_iterations, g.iterations, g.batch_size, g.critic_steps) == (1000, 2000, 20000, 32, 5)
+    assert (g.lr_g, g.lr_d, g.beta1, g.beta2, g.ema, g.z_dim, g.clip) == (1e-4, 1e-4, 0.5, 0.9, 0.999, 10, 1.0)
+    assert (g.gp_weight, g.drift) == (10.0, 1e-3)
+    # ... and only there: the embedded gs_wgan keeps its CPU-sized defaults
+    e = embedded.method
+    assert (e.critics, e.warm_start_iterations, e.iterations, e.lr_d) == (100, 50, 1000, 1e-3)
+    assert embedded.privacy.delta == 1e-5

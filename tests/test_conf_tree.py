@@ -29,6 +29,49 @@ def test_method_dataset_files_hold_real_per_pair_deviations() -> None:
         assert method and dataset, f"{path.name} names no <method>_<dataset> pair"
 
 
+def test_method_experiment_files_name_a_method_their_experiment_sweeps() -> None:
+    """conf/method_experiment/<method>_<experiment>.yaml is loaded as an ``optional`` default, so a misspelt file name
+    would be skipped without a word: each must name an experiment of conf/experiment and a method that experiment
+    sweeps, and must change that method's settings."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    files = sorted((CONF_DIR / "method_experiment").glob("*.yaml"))
+    assert {p.stem for p in files} >= {"dp_gan_dpimagebench_fmnist_dib", "gs_wgan_dpimagebench_fmnist_dib",
+                                        "gs_wgan_long2021_table1_paper"}
+    experiments = group_options("experiment")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            for path in files:
+                pairs = [(m, path.stem[len(m) + 1:]) for m in group_options("method")
+                         if path.stem.startswith(m + "_") and path.stem[len(m) + 1:] in experiments]
+                assert len(pairs) == 1, f"{path.name} names no <method>_<experiment> pair"
+                method, experiment = pairs[0]
+                sweep = compose(config_name="train", overrides=[f"experiment={experiment}"],
+                                return_hydra_config=True).hydra.sweeper.params
+                assert method in str(sweep.method).split(","), f"{experiment} does not sweep {method}"
+                body = OmegaConf.to_container(OmegaConf.load(path))
+                assert body and set(body["method"]), path
+                with_file = compose(config_name="train", overrides=[f"experiment={experiment}", f"method={method}"])
+                for key, value in body["method"].items():
+                    assert with_file.method[key] == value, (path.name, key)
+                assert any(OmegaConf.select(compose(config_name="train", overrides=[f"method={method}"]),
+                                            f"method.{k}") != v for k, v in body["method"].items()), path
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def test_gs_wgan_paper_profile_holds_the_authors_setting(make_cfg) -> None:
+    """DingfanChen/GS-WGAN source/config.py and pretrain.sh: 1000 critics warm-started 2000 iterations each, 20000
+    iterations of batch 32, 5 critic steps, Adam 1e-4 (0.5, 0.9), EMA 0.999; the embedded table keeps its CPU sizes."""
+    paper = make_cfg("experiment=long2021_table1_paper", "method=gs_wgan", "dataset=mnist").method
+    assert (paper.critics, paper.warm_start_iterations, paper.iterations, paper.batch_size) == (1000, 2000, 20000, 32)
+    assert (paper.critic_steps, paper.lr_g, paper.lr_d, paper.beta1, paper.beta2, paper.ema) == (5, 1e-4, 1e-4, 0.5, 0.9, 0.999)
+    embedded = make_cfg("experiment=long2021_table1", "method=gs_wgan").method
+    assert (embedded.critics, embedded.warm_start_iterations, embedded.iterations) == (100, 50, 1000)
+
+
 @pytest.mark.parametrize("dataset", ["cifar10", "pets", "cars", "birds"])
 def test_imagenet_datasets_name_their_public_split(dataset: str, make_cfg) -> None:
     """Paper 000's real datasets name ImageNet's validation images as their public split, for every method (the
