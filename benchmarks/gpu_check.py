@@ -22,7 +22,10 @@ Checks, in order:
 * ``paper/*``: the ``_paper`` profiles' network shapes, random weights, synthetic inputs:
   ``paper/g_pate_mnist`` (long2021_*_paper: G-PATE at MNIST eps=1 from ``conf/method_dataset/g_pate_mnist.yaml``,
   4000 of the authors' ~0.55M-parameter teachers: one ensemble train step on 15 real + 15 fake rows per teacher,
-  every teacher's input gradients, one generator forward/backward), ``paper/wu2023_swav_32px`` and
+  every teacher's input gradients, one generator forward/backward), ``paper/gs_wgan_1000_critics``
+  (long2021_table1_paper and the dib profile: GS-WGAN's 1000 critics at width 64 on the device, 20 warm-start and 20
+  main iterations timed, and the hours the 2M warm-start iterations and the 20000 iterations would take at that
+  pace), ``paper/wu2023_swav_32px`` and
   ``paper/wu2023_swav_128px`` (wu2023_table1_paper: the SwAV ResNet-50 adapter loading a stand-in checkpoint of
   SwAV's layout, random weights with DataParallel's ``module.`` prefix, then encoding a batch of CIFAR-10-sized
   32 px and Pet/Car/Bird-sized 128 px images resized to the configured 224 px; IC-GAN's BigGAN generator needs
@@ -277,10 +280,10 @@ class Env:
 
 
 SIZES = {
-    "cuda": dict(g_pate_teachers=0, swav_batch=256, pe_n=50_000, pe_dim=2048, dpsgd_batch=128, dpsgd_steps=20,
+    "cuda": dict(g_pate_teachers=0, gs_wgan_critics=0, gs_wgan_iterations=20, swav_batch=256, pe_n=50_000, pe_dim=2048, dpsgd_batch=128, dpsgd_steps=20,
                  teachers=2000, teachers_repeats=2, faiss_n=50_000),
     # the smallest sizes that still run every code path (0 teachers: the paper's own count)
-    "cpu": dict(g_pate_teachers=4, swav_batch=2, pe_n=300, pe_dim=2048, dpsgd_batch=8, dpsgd_steps=2,
+    "cpu": dict(g_pate_teachers=4, gs_wgan_critics=4, gs_wgan_iterations=2, swav_batch=2, pe_n=300, pe_dim=2048, dpsgd_batch=8, dpsgd_steps=2,
                 teachers=8, teachers_repeats=1, faiss_n=300),
 }
 
@@ -586,6 +589,75 @@ def paper_g_pate_check(env: Env) -> dict[str, Any]:
     return out
 
 
+def paper_gs_wgan_check(env: Env) -> dict[str, Any]:
+    """GS-WGAN at its authors' setting (long2021_table1_paper, conf/method_experiment/gs_wgan_long2021_table1_paper.yaml;
+    DPImageBench's dib profile is the same size): the 1000 critics at width 64 on the device, a few warm-start
+    iterations of one critic and a few main iterations (a critic's turn, one sanitised generator step), timed, and the
+    hours the full warm start (critics x warm-start iterations) and main run would take at that pace."""
+    import torch
+
+    from dpsyn.methods import gs_wgan
+    from dpsyn.nets.dcgan import CondDCGANGenerator
+    from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
+    from dpsyn.privacy import dp_generator
+
+    cfg = compose(["experiment=long2021_table1_paper", "method=gs_wgan", "dataset=mnist", "eps=1", "trainer=gpu"])
+    m, dev = cfg.method, torch.device(env.device)
+    paper_k, shape = int(m.critics), (1, 28, 28)
+    k, iters = env.sizes["gs_wgan_critics"] or paper_k, env.sizes["gs_wgan_iterations"]
+    rows = 60_000 // paper_k  # MNIST's 60k rows in the paper's partitions
+    b = min(int(m.batch_size), rows)
+    out: dict[str, Any] = {"paper_critics": paper_k, "critics_built": k, "ndf": int(m.ndf), "ngf": int(m.ngf),
+                           "warm_start_iterations": int(m.warm_start_iterations), "iterations": int(m.iterations)}
+    gen = torch.Generator().manual_seed(0)
+
+    def make_critic() -> torch.nn.Module:
+        return CondConvTeacher(num_classes=10, channels=1, resolution=28, ndf=int(m.ndf))
+
+    def make_generator() -> torch.nn.Module:
+        return CondDCGANGenerator(z_dim=int(m.z_dim), num_classes=10, channels=1, resolution=28, ngf=int(m.ngf))
+
+    common = dict(z_dim=int(m.z_dim), gp_weight=float(m.gp_weight), drift=float(m.drift), generator=gen)
+    with peak_memory(env, out):
+        x, y = torch.rand(k * rows, *shape, device=dev), torch.randint(0, 10, (k * rows,), device=dev)
+        parts = TeacherPartitions(k * rows, k, generator=gen)
+        bank = gs_wgan.CriticBank(make_critic, k, lr=float(m.lr_d), betas=(float(m.beta1), float(m.beta2)), device=dev)
+        out["params_per_critic"] = sum(p.numel() for p in make_critic().parameters())
+        one = gs_wgan.CriticBank(make_critic, 1, lr=float(m.lr_d), betas=(float(m.beta1), float(m.beta2)), device=dev)
+        _sync(env.device)
+        t0 = time.perf_counter()
+        gs_wgan.warm_start(one, parts, x=x, y=y, make_generator=make_generator, iterations=iters,
+                           critic_steps=int(m.critic_steps), batch=b, num_classes=10, lr_g=float(m.lr_g),
+                           betas=(float(m.beta1), float(m.beta2)), progress=True, **common)
+        _sync(env.device)
+        out["warm_start_iteration_s"] = (time.perf_counter() - t0) / iters
+        G = make_generator().to(dev)
+        sigma = gs_wgan.gs_wgan_sigma(epsilon=1.0, delta=float(cfg.privacy.delta), critics=paper_k,
+                                      iterations=int(m.iterations), batch_size=int(m.batch_size), accountant="rdp")
+        dp_gen = dp_generator(deterministic=False, seed=0, device=str(dev))  # OS entropy, as in a run
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            j = int(torch.randint(k, (1,), generator=gen))
+            critic, _w = gs_wgan.critic_turn(bank, j, x=x, y=y, rows=parts.rows[j], G=G, steps=int(m.critic_steps),
+                                             batch=b, **common)
+            z = torch.randn(int(m.batch_size), int(m.z_dim), device=dev)
+            yz = torch.randint(0, 10, (int(m.batch_size),), device=dev)
+            released = gs_wgan.generator_step(G, critic, z=z, y=yz, clip=float(m.clip), sigma=sigma, generator=dp_gen)
+        _sync(env.device)
+        out["iteration_s"] = (time.perf_counter() - t0) / iters
+    out["sigma"] = sigma
+    out["warm_start_estimate_h"] = out["warm_start_iteration_s"] * paper_k * int(m.warm_start_iterations) / 3600
+    out["main_estimate_h"] = out["iteration_s"] * int(m.iterations) / 3600
+    failures = []
+    if tuple(released.shape) != (int(m.batch_size), *shape) or not torch.isfinite(released).all():
+        failures.append(f"sanitised gradients {tuple(released.shape)}, finite: {bool(torch.isfinite(released).all())}")
+    if any(p.grad is None for p in G.parameters()):
+        failures.append("a generator parameter without gradient")
+    if failures:
+        raise CheckFailed(failures, out)
+    return out
+
+
 def paper_swav_check(env: Env, resolution: int, datasets: tuple[str, ...]) -> dict[str, Any]:
     import torch
 
@@ -714,6 +786,7 @@ def all_checks(env: Env, method_names: list[str]) -> list[Check]:
     checks = [Check(f"method/{m}", 40.0, lambda m=m: method_check(m, env), needs=core) for m in method_names]
     checks += [
         Check("paper/g_pate_mnist", 40.0, lambda: paper_g_pate_check(env), needs=("hydra", "omegaconf")),
+        Check("paper/gs_wgan_1000_critics", 30.0, lambda: paper_gs_wgan_check(env), needs=("hydra", "omegaconf")),
         Check("paper/wu2023_swav_32px", 30.0, lambda: paper_swav_check(env, 32, ("cifar10",)),
               needs=("hydra", "omegaconf", "torchvision")),
         Check("paper/wu2023_swav_128px", 30.0, lambda: paper_swav_check(env, 128, ("pets", "cars", "birds")),

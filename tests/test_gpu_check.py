@@ -51,7 +51,8 @@ def test_cpu_mode_writes_an_entry_for_every_check(tmp_path: Path) -> None:
     md = (out / "gpu-check.md").read_text()
     assert data["device"] == "cpu" and data["state"] == "finished" and "stand-in" in data["data"]
     checks = {c["name"]: c for c in data["checks"]}
-    want = ["deps", *(f"method/{m}" for m in METHODS.names()), "paper/g_pate_mnist", "paper/wu2023_swav_32px",
+    want = ["deps", *(f"method/{m}" for m in METHODS.names()), "paper/g_pate_mnist", "paper/gs_wgan_1000_critics",
+            "paper/wu2023_swav_32px",
             "paper/wu2023_swav_128px", "paper/pe_cifar10_histogram", "ratio/dpsgd_vs_plain",
             "ratio/teachers_vmap_vs_loop", "ratio/pe_faiss_gpu_vs_cpu"]
     assert list(checks) == want
@@ -69,6 +70,10 @@ def test_cpu_mode_writes_an_entry_for_every_check(tmp_path: Path) -> None:
     assert checks["method/real"]["measured"]["note"] == "non-private reference"
     assert checks["paper/g_pate_mnist"]["measured"]["paper_teachers"] == 4000
     assert checks["paper/g_pate_mnist"]["measured"]["params_per_teacher"] > 500_000  # the authors' teacher
+    gsw = checks["paper/gs_wgan_1000_critics"]["measured"]
+    assert (gsw["paper_critics"], gsw["critics_built"], gsw["ndf"], gsw["warm_start_iterations"]) == (1000, 4, 64, 2000)
+    assert gsw["warm_start_iteration_s"] > 0 and gsw["iteration_s"] > 0 and gsw["sigma"] > 0
+    assert gsw["warm_start_estimate_h"] == pytest.approx(gsw["warm_start_iteration_s"] * 1000 * 2000 / 3600)
     assert checks["ratio/teachers_vmap_vs_loop"]["measured"]["train_x"] > 0
     dpsgd = checks["ratio/dpsgd_vs_plain"]["measured"]
     assert dpsgd["default"] == "paired/fused" and dpsgd["paired/fused"] > 0 and dpsgd["split/hooks"] > 0
