@@ -203,7 +203,7 @@ def dry_run(profile: str, only: list[str] | None, train_args: list[str], kept: l
     kept result of this profile). Returns the estimated seconds (unknown cells count 0, and are counted). Another
     profile's or another method's timings never stand in: a profile sets the training length (an embedded dp_gan run
     takes minutes, the same method at DPImageBench's length about 2 h), and methods of one profile differ as much
-    (at DPImageBench's setting a GS-WGAN run's warm start alone is about 49 h on 2 cores, 30x a DP-GAN run)."""
+    (at DPImageBench's setting a GS-WGAN run's warm start alone is 64-291 h on one CPU core, a DP-GAN run 1.5-2.6 h)."""
     from dpsyn.results.tables import load_spec
 
     anywhere: dict[str, list[float]] = {}  # this profile's kept results' timings per method (any experiment)
