@@ -280,11 +280,11 @@ class Env:
 
 
 SIZES = {
-    "cuda": dict(g_pate_teachers=0, gs_wgan_critics=0, gs_wgan_iterations=20, swav_batch=256, pe_n=50_000, pe_dim=2048, dpsgd_batch=128, dpsgd_steps=20,
-                 teachers=2000, teachers_repeats=2, faiss_n=50_000),
+    "cuda": dict(g_pate_teachers=0, gs_wgan_critics=0, gs_wgan_iterations=20, swav_batch=256, pe_n=50_000,
+                 pe_dim=2048, dpsgd_batch=128, dpsgd_steps=20, teachers=2000, teachers_repeats=2, faiss_n=50_000),
     # the smallest sizes that still run every code path (0 teachers: the paper's own count)
-    "cpu": dict(g_pate_teachers=4, gs_wgan_critics=4, gs_wgan_iterations=2, swav_batch=2, pe_n=300, pe_dim=2048, dpsgd_batch=8, dpsgd_steps=2,
-                teachers=8, teachers_repeats=1, faiss_n=300),
+    "cpu": dict(g_pate_teachers=4, gs_wgan_critics=4, gs_wgan_iterations=2, swav_batch=2, pe_n=300, pe_dim=2048,
+                dpsgd_batch=8, dpsgd_steps=2, teachers=8, teachers_repeats=1, faiss_n=300),
 }
 
 
@@ -590,8 +590,8 @@ def paper_g_pate_check(env: Env) -> dict[str, Any]:
 
 
 def paper_gs_wgan_check(env: Env) -> dict[str, Any]:
-    """GS-WGAN at its authors' setting (long2021_table1_paper, conf/method_experiment/gs_wgan_long2021_table1_paper.yaml;
-    DPImageBench's dib profile is the same size): the 1000 critics at width 64 on the device, a few warm-start
+    """GS-WGAN at its authors' setting (long2021_table1_paper:
+    conf/method_experiment/gs_wgan_long2021_table1_paper.yaml; DPImageBench's dib profile is the same size): the 1000 critics at width 64 on the device, a few warm-start
     iterations of one critic and a few main iterations (a critic's turn, one sanitised generator step), timed, and the
     hours the full warm start (critics x warm-start iterations) and main run would take at that pace."""
     import torch
@@ -618,17 +618,22 @@ def paper_gs_wgan_check(env: Env) -> dict[str, Any]:
         return CondDCGANGenerator(z_dim=int(m.z_dim), num_classes=10, channels=1, resolution=28, ngf=int(m.ngf))
 
     common = dict(z_dim=int(m.z_dim), gp_weight=float(m.gp_weight), drift=float(m.drift), generator=gen)
+    betas = (float(m.beta1), float(m.beta2))
+
+    def bank_of(n: int) -> Any:
+        return gs_wgan.CriticBank(make_critic, n, lr=float(m.lr_d), betas=betas, device=dev)
+
     with peak_memory(env, out):
         x, y = torch.rand(k * rows, *shape, device=dev), torch.randint(0, 10, (k * rows,), device=dev)
         parts = TeacherPartitions(k * rows, k, generator=gen)
-        bank = gs_wgan.CriticBank(make_critic, k, lr=float(m.lr_d), betas=(float(m.beta1), float(m.beta2)), device=dev)
+        bank = bank_of(k)
         out["params_per_critic"] = sum(p.numel() for p in make_critic().parameters())
-        one = gs_wgan.CriticBank(make_critic, 1, lr=float(m.lr_d), betas=(float(m.beta1), float(m.beta2)), device=dev)
+        one = bank_of(1)
         _sync(env.device)
         t0 = time.perf_counter()
         gs_wgan.warm_start(one, parts, x=x, y=y, make_generator=make_generator, iterations=iters,
                            critic_steps=int(m.critic_steps), batch=b, num_classes=10, lr_g=float(m.lr_g),
-                           betas=(float(m.beta1), float(m.beta2)), progress=True, **common)
+                           betas=betas, progress=True, **common)
         _sync(env.device)
         out["warm_start_iteration_s"] = (time.perf_counter() - t0) / iters
         G = make_generator().to(dev)

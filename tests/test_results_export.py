@@ -119,7 +119,7 @@ def test_dry_run_counts_finished_cells_and_estimates_from_their_timings(tmp_path
 def test_dry_run_never_estimates_a_profile_from_another_profiles_timings(tmp_path: Path, monkeypatch,
                                                                            capsys: pytest.CaptureFixture) -> None:
     """A kept embedded dp_gan run (minutes) must not estimate a dib cell (DPImageBench's length, hours), nor a dib
-    dp_gan run (1.5-2.6 h) a dib gs_wgan cell (a 49 h warm start on 2 cores)."""
+    dp_gan run (1.5-2.6 h) a dib gs_wgan cell (a 64-291 h warm start on one CPU core)."""
     monkeypatch.setenv("DPSYN_OUTPUT_DIR", str(tmp_path))
     kept = [{"method": "dp_gan", "profile": "embedded", "timings": {"total_s": 200.0}}]
     assert cli_tables.dry_run("dib", ["dpimagebench/fmnist"], [], kept) == 0.0
