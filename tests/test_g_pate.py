@@ -520,3 +520,36 @@ def test_the_generator_learning_rate_is_the_validation_choice_on_fmnist_private_
     eps=inf runs (the teachers' mean gradient), the MNIST paper profile and the other datasets keep the reference
     code's 1e-3."""
     assert make_cfg("method=g_pate", f"dataset={dataset}", f"eps={eps}").method.lr_g == pytest.approx(want)
+
+
+def test_output_frequencies_keeps_the_generator_s_logits_in_the_low_band(make_cfg, tmp_path) -> None:
+    """``method.output_frequencies=m``: G's logits are projected on the m x m lowest DCT frequencies before the
+    sigmoid, in training and in the released samples; without it (the paper) they are not."""
+    from dpsyn.cli.train import run
+    from dpsyn.nets.dcgan import CondDCGANGenerator
+
+    basis = g_pate.dct_basis((1, 28, 28), 5)
+    lp = g_pate.LowPassOutput(CondDCGANGenerator(z_dim=8, num_classes=3, channels=1, resolution=28, ngf=4), basis)
+    x = lp(torch.rand(6, 8), torch.tensor([0, 1, 2, 0, 1, 2]))
+    assert x.shape == (6, 1, 28, 28) and 0 < x.min() and x.max() < 1
+    logits = torch.logit(x.double()).flatten(1).float()
+    outside = logits - (logits @ basis) @ basis.T
+    assert outside.abs().max() < 1e-3 * logits.abs().max()
+    with pytest.raises(TypeError, match="sigmoid"):
+        g_pate.LowPassOutput(torch.nn.Sequential(torch.nn.Linear(2, 2)), basis)
+
+    def high_band(samples: np.ndarray) -> float:  # share of the logits' energy outside the 5x5 band
+        lg = torch.logit(torch.from_numpy(samples).double().clamp(1e-6, 1 - 1e-6)).flatten(1).float()
+        return float((lg - (lg @ basis) @ basis.T).square().sum() / lg.square().sum())
+
+    shares = {}
+    for m in (None, 5):
+        over = (*SMOKE, "eps=inf", "metrics.names.image=[]", "metrics.n_samples=50")
+        if m is not None:
+            over = (*over, f"method.output_frequencies={m}")
+        run(make_cfg(*over), tmp_path / f"run{m}")
+        shares[m] = high_band(np.load(tmp_path / f"run{m}" / "samples.npz")["x"])
+    assert shares[5] < 1e-4 < shares[None]
+    with pytest.raises(ValueError, match="output_frequencies"):
+        run(make_cfg("method=g_pate", "dataset=breast_cancer", "eps=inf", "method.output_frequencies=3",
+                     "method.teachers=5", "trainer=debug"), tmp_path / "table")

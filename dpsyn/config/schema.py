@@ -223,6 +223,7 @@ class GPATESchema(PATENoiseSchema):
     projection_dim: int = f(10, **POSITIVE)
     projection: str = f("gaussian", choices=("gaussian", "dct"))
     projection_frequencies: int = f(7, **POSITIVE)
+    output_frequencies: Optional[int] = f(None, **POSITIVE)
     clip: float = f(1.0e-4, **GT0)
     bins: int = f(10, ge=2)
     batch_size: int = f(64, **POSITIVE)

@@ -118,6 +118,29 @@ def dct_basis(shape: tuple[int, ...], frequencies: int) -> torch.Tensor:
     return basis.T.contiguous().float()
 
 
+class LowPassOutput(nn.Module):
+    """A :class:`CondDCGANGenerator` whose logits (before its final sigmoid) are kept to the span of ``basis`` (d, m)
+    orthonormal columns (:func:`dct_basis`: the lowest 2-D DCT frequencies): ``sigmoid(basis basis^T logits)``. A fixed,
+    data-independent layer: the generator's output stays post-processing of what it learnt and costs no privacy;
+    the sigmoid keeps images in [0, 1] and lets a smooth logit draw a sharp edge.
+
+    Why (README, G-PATE): with ``projection=dct`` every vote lies in the low band, so nothing the teachers say ever
+    reaches the frequencies above it; the generator's upsampling fills them with a grid that no vote corrects."""
+
+    def __init__(self, generator: CondDCGANGenerator, basis: torch.Tensor) -> None:
+        super().__init__()
+        if not isinstance(getattr(generator, "net", [None])[-1], nn.Sigmoid):
+            raise TypeError("LowPassOutput expects a generator that ends with a sigmoid")
+        generator.net[-1] = nn.Identity()  # the logits; the sigmoid comes after the low-pass
+        self.generator = generator
+        self.register_buffer("basis", basis, persistent=False)
+
+    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = self.generator(z, y)
+        flat = logits.flatten(1)
+        return torch.sigmoid((flat @ self.basis) @ self.basis.T).view_as(logits)
+
+
 def random_projections(
     b: int, d: int, k: int, *, generator: torch.Generator, device: Any = "cpu", basis: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -284,6 +307,7 @@ class GPATE(Method):
         hp["latent"] = str(cfg.latent)
         hp["projection"] = str(cfg.projection)
         hp["projection_frequencies"] = int(cfg.projection_frequencies)
+        hp["output_frequencies"] = None if cfg.output_frequencies is None else int(cfg.output_frequencies)
         return hp
 
     # ---- building blocks ----------------------------------------------------------------------------------
@@ -317,8 +341,13 @@ class GPATE(Method):
     def _make_generator(self) -> nn.Module:
         hp, ctx = self.hp, self.ctx
         if ctx.kind == "image":
-            return CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=ctx.shape[0],
-                                      resolution=ctx.shape[1], ngf=hp["ngf"])
+            g = CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=ctx.shape[0],
+                                   resolution=ctx.shape[1], ngf=hp["ngf"])
+            if hp["output_frequencies"] is None:
+                return g
+            return LowPassOutput(g, dct_basis(ctx.shape, hp["output_frequencies"]))
+        if hp["output_frequencies"] is not None:
+            raise ValueError(f"method.output_frequencies needs images; a {ctx.kind} dataset takes null")
         return CondMLPGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, shape=ctx.shape,
                                 hidden=tuple(hp["g_hidden"]))
 
