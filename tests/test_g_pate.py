@@ -510,13 +510,13 @@ def test_the_teacher_learning_rate_is_the_validation_choice_on_fmnist_only(make_
     assert make_cfg("method=g_pate", f"dataset={dataset}", f"eps={eps}").method.lr_d == pytest.approx(want)
 
 
-@pytest.mark.parametrize(("dataset", "eps", "want"), [("fmnist", "1", 3e-3), ("fmnist", "10", 3e-3),
-                                                      ("fmnist", "0.5", 3e-3), ("fmnist", "inf", 1e-3),
+@pytest.mark.parametrize(("dataset", "eps", "want"), [("fmnist", "1", 5e-3), ("fmnist", "10", 5e-3),
+                                                      ("fmnist", "0.5", 5e-3), ("fmnist", "inf", 1e-3),
                                                       ("mnist", "1", 1e-3), ("mnist", "10", 1e-3),
                                                       ("digits", "1", 1e-3)])
 def test_the_generator_learning_rate_is_the_validation_choice_on_fmnist_private_runs_only(make_cfg, dataset, eps,
                                                                                         want) -> None:
-    """fmnist's private runs (the vote) take lr_g 3e-3, chosen on the validation split (g_pate_fmnist.yaml); its
+    """fmnist's private runs (the vote) take lr_g 5e-3, chosen on the validation split (g_pate_fmnist.yaml); its
     eps=inf runs (the teachers' mean gradient), the MNIST paper profile and the other datasets keep the reference
     code's 1e-3."""
     assert make_cfg("method=g_pate", f"dataset={dataset}", f"eps={eps}").method.lr_g == pytest.approx(want)
