@@ -591,9 +591,10 @@ def paper_g_pate_check(env: Env) -> dict[str, Any]:
 
 def paper_gs_wgan_check(env: Env) -> dict[str, Any]:
     """GS-WGAN at its authors' setting (long2021_table1_paper:
-    conf/method_experiment/gs_wgan_long2021_table1_paper.yaml; DPImageBench's dib profile is the same size): the 1000 critics at width 64 on the device, a few warm-start
-    iterations of one critic and a few main iterations (a critic's turn, one sanitised generator step), timed, and the
-    hours the full warm start (critics x warm-start iterations) and main run would take at that pace."""
+    conf/method_experiment/gs_wgan_long2021_table1_paper.yaml; DPImageBench's dib profile is the same size): the 1000
+    critics at width 64 on the device, a few warm-start iterations of one critic and a few main iterations (a critic's
+    turn, one sanitised generator step), timed, and the hours the full warm start (critics x warm-start iterations)
+    and main run would take at that pace."""
     import torch
 
     from dpsyn.methods import gs_wgan
