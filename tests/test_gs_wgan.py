@@ -257,6 +257,14 @@ def test_gs_wgan_config_errors_name_the_key() -> None:
             preflight(["method=gs_wgan", override])
 
 
+@pytest.mark.parametrize(("dataset", "eps", "want"), [("fmnist", "inf", 10), ("fmnist", "10", 100),
+                                                      ("fmnist", "1", 100), ("digits", "inf", 100)])
+def test_fmnist_takes_ten_critics_without_noise_only(make_cfg, dataset, eps, want) -> None:
+    """fmnist's eps=inf runs take 10 critics, chosen on the validation split (gs_wgan_fmnist.yaml); its private runs,
+    where fewer critics mean more noise per release, and the other datasets keep the embedded 100."""
+    assert make_cfg("method=gs_wgan", f"dataset={dataset}", f"eps={eps}").method.critics == want
+
+
 def test_a_private_run_publishes_neither_the_critic_drawn_nor_its_w_estimate(make_cfg, tmp_path, caplog) -> None:
     """The 1/K amplification needs the chosen critic to stay secret, and W is read from private rows: neither may
     reach the logs or result.json of a private run."""
