@@ -244,6 +244,7 @@ class GPATESchema(PATENoiseSchema):
     lr_g: float = f(1.0e-3, **GT0)
     lr_d: float = f(1.0e-3, **GT0)
     beta1: float = f(0.5, **ADAM_BETA)
+    ema: float = f(0.0, ge=0, lt=1)
     shuffle_partitions: bool = True
     teacher_chunk: Optional[int] = f(100, **POSITIVE)
     checkpoint_every: int = f(50, **NON_NEGATIVE)

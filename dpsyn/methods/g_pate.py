@@ -23,6 +23,8 @@ gradients of an ensemble of teacher discriminators (Algorithms 1 and 2 of the pa
   argmax where the noisy maximum count passes the threshold T, else 0 (an unanswered coordinate contributes 0 and
   pays only the threshold under the data-dependent bound); g_hat_j = out_j R_j^T.
 * Student: G(z, y) (labels uniform over the classes) regresses onto x + g_hat: Adam on sum ||G(z) - (x + g_hat)||^2.
+  ``method.ema > 0`` releases an exponential moving average of G's weights (:func:`dpsyn.lit.ema.update_ema`)
+  instead of G: post-processing of a generator that only the answers train, at no privacy cost.
 
 Privacy: the generator only sees the aggregated answers, so the run's privacy is that of the Confident-GNMax
 queries, b*k per step (b generated samples, k projections): one :class:`dpsyn.privacy.PATEEvent` in the ledger, the
@@ -48,6 +50,7 @@ back-projected) or ``vote`` (DPGradAgg's votes without noise or threshold: their
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -61,6 +64,7 @@ from tqdm.auto import tqdm
 
 from dpsyn.config import PATE_NOISE_KEYS, resolve_pate_noise
 from dpsyn.data.base import Split
+from dpsyn.lit.ema import update_ema
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, draw_latent, generate_conditional
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import (
@@ -308,6 +312,7 @@ class GPATE(Method):
         hp["projection"] = str(cfg.projection)
         hp["projection_frequencies"] = int(cfg.projection_frequencies)
         hp["output_frequencies"] = None if cfg.output_frequencies is None else int(cfg.output_frequencies)
+        hp["ema"] = float(cfg.ema)
         return hp
 
     # ---- building blocks ----------------------------------------------------------------------------------
@@ -400,6 +405,8 @@ class GPATE(Method):
         ens = TeacherEnsemble(self._make_teacher(), n_teachers, lr=hp["lr_d"], betas=(hp["beta1"], 0.999),
                               chunk_size=hp["teacher_chunk"], device=device)
         opt_g = torch.optim.Adam(G.parameters(), lr=hp["lr_g"], betas=(hp["beta1"], 0.999))
+        # the released generator: an EMA of G's weights (post-processing of G, which only the answers train), or G
+        G_ema = copy.deepcopy(G) if hp["ema"] > 0 else None
         x_all = torch.from_numpy(np.ascontiguousarray(private.x, dtype=np.float32)).to(device)
         y_all = torch.from_numpy(private.y.astype(np.int64)).to(device)
         d, k, C = int(np.prod(ctx.shape)), hp["projection_dim"], ctx.num_classes
@@ -429,6 +436,8 @@ class GPATE(Method):
         if saved is not None:
             state, start = saved.state, saved.step
             G.load_state_dict(state["G"])
+            if G_ema is not None:
+                G_ema.load_state_dict(state["G_ema"])
             opt_g.load_state_dict(state["opt_g"])
             ens.load_state_dict(state["teachers"])
             ens.optimizer.load_state_dict(state["opt_teachers"])
@@ -499,6 +508,8 @@ class GPATE(Method):
             opt_g.zero_grad(set_to_none=True)
             loss.backward()
             opt_g.step()
+            if G_ema is not None:
+                update_ema(G_ema, G, step=step, max_decay=hp["ema"])
             step += 1
             if answered is not None:
                 answered_rate = answered.float().mean().item()
@@ -510,14 +521,16 @@ class GPATE(Method):
                          eps_now, hp["bound"] if event is not None else aggregate)
             if ckpt.due(step):
                 ckpt.save(step, {
-                    "G": G.state_dict(),
+                    "G": G.state_dict(), "G_ema": None if G_ema is None else G_ema.state_dict(),
                     "opt_g": opt_g.state_dict(), "teachers": ens.state_dict(), "opt_teachers": ens.optimizer.state_dict(),
                     "partitions": parts.state_dict(), "gen": gen.get_state(),
                     "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
                 }, ledger)
         bar.close()
         G.eval()
-        self.G, self.device = G, device
+        if G_ema is not None:
+            G_ema.eval()
+        self.G, self.device = (G if G_ema is None else G_ema), device
         self.train_log.update(steps=step, fit_s=time.perf_counter() - t0, queries=0 if event is None else event.queries,
                               answered=0 if event is None else event.answered)
         log.info("g_pate: %d rounds (stopped by %s), %s", step, self.train_log["stopped_by"],
@@ -590,6 +603,7 @@ class GPATE(Method):
             "bound": self.hp["bound"],
             "teachers": self.hp["teachers"],
             "projection_dim": self.hp["projection_dim"],
+            "generator": f"EMA of G (max decay {self.hp['ema']:g})" if self.hp["ema"] > 0 else "G",
             **{k: v for k, v in self.train_log.items() if k != "fit_s"},
         }
         return Samples(x, labels, prov)

@@ -40,7 +40,7 @@ def generator_of(cfg, state: dict, *, shape: tuple[int, ...], num_classes: int) 
     m = cfg.method
     G = CondDCGANGenerator(z_dim=int(m.z_dim), num_classes=num_classes, channels=shape[0], resolution=shape[1],
                            ngf=int(m.ngf))
-    key = "G_ema" if m.name == "gs_wgan" and float(m.get("ema", 0)) > 0 else "G"
+    key = "G_ema" if m.name in ("gs_wgan", "g_pate") and float(m.get("ema", 0)) > 0 else "G"
     G.load_state_dict(state[key])
     return G.eval(), ("uniform" if m.name == "g_pate" else "normal")
 
