@@ -15,7 +15,8 @@ file changes, until ``RUN/result.json`` appears), then score the copies::
     python experiments/long2021/measured/snapshot_eval.py RUN --watch gs_wgan.pt &
     python experiments/long2021/measured/snapshot_eval.py RUN [--every 500 | --every 100 --points 6] [--out CSV]
 
-Supported: ``gs_wgan`` (its EMA generator) and ``pate_gan`` / ``g_pate`` (the generator), on image datasets.
+Supported: ``gs_wgan`` (its EMA generator), ``g_pate`` (its EMA with ``method.ema`` > 0, else G) and ``pate_gan``
+(the generator), on image datasets.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from dpsyn.results.plots import _plt, _save, _tile
 
 
 def generator_of(cfg, state: dict, *, shape: tuple[int, ...], num_classes: int) -> tuple[torch.nn.Module, str]:
-    """The checkpoint's released generator (gs_wgan: its EMA when ``method.ema`` > 0) and its latent distribution."""
+    """The checkpoint's released generator (gs_wgan, g_pate: its EMA when ``method.ema`` > 0) and its latent
+    distribution."""
     m = cfg.method
     G = CondDCGANGenerator(z_dim=int(m.z_dim), num_classes=num_classes, channels=shape[0], resolution=shape[1],
                            ngf=int(m.ngf))
