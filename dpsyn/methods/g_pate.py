@@ -303,7 +303,7 @@ class GPATE(Method):
         hp = pate_hyperparameters(
             cfg, ints=("teachers", "steps", "batch_size", "projection_dim", "bins", "z_dim", "ngf", "ndf",
                        "teacher_hidden", "teacher_steps", "teacher_fakes", "checkpoint_every"),
-            floats=("sigma_threshold", "sigma", "clip", "lr_g", "lr_d"), hidden=("d_hidden", "g_hidden"),
+            floats=("sigma_threshold", "sigma", "clip", "lr_g", "lr_d", "ema"), hidden=("d_hidden", "g_hidden"),
         )
         hp["teacher_arch"] = str(cfg.teacher_arch)
         hp["batch_from_partition"] = bool(cfg.batch_from_partition)
@@ -312,7 +312,6 @@ class GPATE(Method):
         hp["projection"] = str(cfg.projection)
         hp["projection_frequencies"] = int(cfg.projection_frequencies)
         hp["output_frequencies"] = None if cfg.output_frequencies is None else int(cfg.output_frequencies)
-        hp["ema"] = float(cfg.ema)
         return hp
 
     # ---- building blocks ----------------------------------------------------------------------------------
