@@ -514,9 +514,11 @@ class GPATE(Method):
                 answered_rate = answered.float().mean().item()
             eps_now = ledger.epsilon() if event is not None else math.inf
             bar.update(1)
-            bar.set_postfix(eps=f"{eps_now:.3f}", answered=f"{answered_rate:.2f}", refresh=False)
+            # eps=inf's mean aggregate holds no vote, so there is no answered rate to show (not "nan")
+            answered_s = "n/a" if math.isnan(answered_rate) else f"{answered_rate:.3f}"
+            bar.set_postfix(eps=f"{eps_now:.3f}", answered=answered_s, refresh=False)
             if step % 50 == 0 or step == 1:
-                log.info("g_pate round %d: answered %.3f of %d queries, eps %.4f (%s)", step, answered_rate, b * k,
+                log.info("g_pate round %d: answered %s of %d queries, eps %.4f (%s)", step, answered_s, b * k,
                          eps_now, hp["bound"] if event is not None else aggregate)
             if ckpt.due(step):
                 ckpt.save(step, {
