@@ -507,12 +507,14 @@ def test_the_ladder_s_first_rung_learns_classes_on_a_small_problem(make_cfg, tmp
         assert result["metrics"]["acc"] >= 0.3, (seed, result["metrics"])
 
 
-@pytest.mark.parametrize(("dataset", "eps", "want"), [("fmnist", "inf", 3e-3), ("fmnist", "1", 3e-3),
-                                                      ("mnist", "1", 1e-3), ("mnist", "10", 1e-3),
+@pytest.mark.parametrize(("dataset", "eps", "want"), [("fmnist", "inf", 1e-2), ("fmnist", "1", 3e-3),
+                                                      ("fmnist", "10", 3e-3), ("mnist", "1", 1e-3),
+                                                      ("mnist", "10", 1e-3), ("mnist", "inf", 1e-3),
                                                       ("digits", "1", 1e-3)])
 def test_the_teacher_learning_rate_is_the_validation_choice_on_fmnist_only(make_cfg, dataset, eps, want) -> None:
-    """fmnist's embedded default lr_d 3e-3 was chosen on the validation split (g_pate_fmnist.yaml); the MNIST paper
-    profile and the other datasets keep the reference code's 1e-3."""
+    """fmnist's embedded defaults, lr_d 3e-3 for the private runs and 1e-2 at eps=inf (the teachers' mean gradient),
+    were chosen on the validation split (g_pate_fmnist.yaml); the MNIST paper profile and the other datasets keep the
+    reference code's 1e-3."""
     assert make_cfg("method=g_pate", f"dataset={dataset}", f"eps={eps}").method.lr_d == pytest.approx(want)
 
 
