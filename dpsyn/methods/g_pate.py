@@ -475,7 +475,7 @@ class GPATE(Method):
         step = start
         G.train()
         bar = tqdm(total=max_steps, initial=start, desc="g_pate rounds", leave=False, disable=None)
-        answered_rate = math.nan
+        answered_s = "n/a"  # eps=inf's mean aggregate holds no vote, so there is no answered rate to show
         while step < max_steps:
             z = self._latent(b, gen).to(device)
             if label_probs is None:
@@ -511,11 +511,9 @@ class GPATE(Method):
                 update_ema(G_ema, G, step=step, max_decay=hp["ema"])
             step += 1
             if answered is not None:
-                answered_rate = answered.float().mean().item()
+                answered_s = f"{answered.float().mean().item():.3f}"
             eps_now = ledger.epsilon() if event is not None else math.inf
             bar.update(1)
-            # eps=inf's mean aggregate holds no vote, so there is no answered rate to show (not "nan")
-            answered_s = "n/a" if math.isnan(answered_rate) else f"{answered_rate:.3f}"
             bar.set_postfix(eps=f"{eps_now:.3f}", answered=answered_s, refresh=False)
             if step % 50 == 0 or step == 1:
                 log.info("g_pate round %d: answered %s of %d queries, eps %.4f (%s)", step, answered_s, b * k,
