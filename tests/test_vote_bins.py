@@ -20,7 +20,7 @@ def _round(recorder, grads: torch.Tensor, proj: torch.Tensor, *, clip: float, bi
                                            generator=None)
 
 
-def test_the_recorder_returns_what_g_pate_s_functions_return_and_restores_nothing_it_did_not_install() -> None:
+def test_the_recorder_returns_what_g_pate_s_functions_return_and_leaves_the_module_alone_until_installed() -> None:
     recorder = load_script(SCRIPT, "vote_bins").VoteRecorder()
     gen = torch.Generator().manual_seed(0)
     grads, proj = torch.randn(12, 3, 8, generator=gen), torch.randn(3, 8, 4, generator=gen)
