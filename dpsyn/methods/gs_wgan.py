@@ -67,6 +67,7 @@ from torch.func import stack_module_state
 from tqdm.auto import tqdm
 
 from dpsyn.data.base import Split
+from dpsyn.lit.ema import update_ema
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
@@ -360,17 +361,6 @@ def critic_turn(
     return critic, w
 
 
-@torch.no_grad()
-def ema_update(ema: nn.Module, model: nn.Module, *, decay: float, step: int) -> None:
-    """``ema <- a ema + (1 - a) model`` with ``a = min(1 - 1/(step + 1), decay)`` (the authors' warm-up: a plain
-    average over the first steps); buffers (BatchNorm statistics) are copied."""
-    a = min(1.0 - 1.0 / (step + 1), decay)
-    for pe, p in zip(ema.parameters(), model.parameters()):
-        pe.mul_(a).add_(p, alpha=1.0 - a)
-    for be, b in zip(ema.buffers(), model.buffers()):
-        be.copy_(b)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # the method
 
@@ -515,7 +505,7 @@ class GSWGAN(Method):
             opt_g.zero_grad(set_to_none=True)
             generator_step(G, critic, z=z, y=y, clip=clip, sigma=sigma, generator=dp_gen)
             opt_g.step()
-            ema_update(G_ema, G, decay=hp["ema"], step=it)
+            update_ema(G_ema, G, step=it, max_decay=hp["ema"], warmup="mean")
             it += 1
             bar.update(1)
             spent = None  # the accountant is not free: at most once an iteration, and every 20 on the bar
