@@ -79,3 +79,20 @@ def test_the_watcher_copies_each_new_checkpoint_until_the_run_ends(tmp_path) -> 
     assert out == [2]
     steps = [torch.load(p, weights_only=False)["step"] for p in sorted((run / "snap").glob("*.pt"))]
     assert steps == [50, 100]
+
+
+def test_a_low_pass_g_pate_checkpoint_loads_into_its_released_generator(make_cfg) -> None:
+    """With ``method.output_frequencies`` the released generator is G inside the output low-pass; the copy must load
+    into that (a bare G refuses the wrapped keys) and draw what the wrapped generator draws."""
+    from dpsyn.methods.g_pate import LowPassOutput, dct_basis
+
+    cfg = make_cfg("method=g_pate", "dataset=digits", "method.z_dim=4", "method.ngf=4",
+                   "method.output_frequencies=5", "method.ema=0")
+    torch.manual_seed(0)
+    released = LowPassOutput(CondDCGANGenerator(z_dim=4, num_classes=10, channels=1, resolution=28, ngf=4),
+                             dct_basis((1, 28, 28), 5)).eval()
+    G, latent = _script().generator_of(cfg, {"G": released.state_dict()}, shape=(1, 28, 28), num_classes=10)
+    assert latent == "uniform" and isinstance(G, LowPassOutput)
+    z, y = torch.rand(6, 4) * 2 - 1, torch.arange(6)
+    with torch.no_grad():
+        assert torch.allclose(G(z, y), released(z, y))
