@@ -40,12 +40,15 @@ def generator_of(cfg, state: dict, *, shape: tuple[int, ...], num_classes: int) 
     """The checkpoint's released generator (gs_wgan, g_pate: its EMA when ``method.ema`` > 0; g_pate's wrapped in its
     output low-pass when ``method.output_frequencies`` is set) and its latent distribution."""
     m = cfg.method
-    G = CondDCGANGenerator(z_dim=int(m.z_dim), num_classes=num_classes, channels=shape[0], resolution=shape[1],
-                           ngf=int(m.ngf))
-    if m.name == "g_pate" and m.get("output_frequencies") is not None:  # the released generator's low-pass
-        from dpsyn.methods.g_pate import LowPassOutput, dct_basis
+    if m.name == "gs_wgan":  # builds its generator inside fit(): this DCGAN
+        G = CondDCGANGenerator(z_dim=int(m.z_dim), num_classes=num_classes, channels=shape[0], resolution=shape[1],
+                               ngf=int(m.ngf))
+    else:  # g_pate, pate_gan: the method's own builder (g_pate's output low-pass included)
+        from dpsyn.methods import METHODS, RunContext
 
-        G = LowPassOutput(G, dct_basis(shape, int(m.output_frequencies)))
+        ctx = RunContext(seed=int(cfg.seed), deterministic_noise=False, accountant=str(cfg.privacy.accountant),
+                         kind="image", shape=shape, num_classes=num_classes, classes=[str(c) for c in range(num_classes)])
+        G = METHODS.get(m.name)(m, ctx)._make_generator()
     key = "G_ema" if m.name in ("gs_wgan", "g_pate") and float(m.get("ema", 0)) > 0 else "G"
     G.load_state_dict(state[key])
     return G.eval(), ("uniform" if m.name == "g_pate" else "normal")
