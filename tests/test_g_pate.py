@@ -218,7 +218,7 @@ def test_g_pate_runs_end_to_end_within_its_budget(make_cfg, tmp_path) -> None:
     assert PrivacyLedger.load(tmp_path / "run" / "privacy.json").epsilon() == pytest.approx(result["epsilon_spent"])
 
 
-@pytest.mark.parametrize("bound", ["data_independent", "data_dependent"])
+@pytest.mark.parametrize("bound", ["data_independent", "data_dependent", "renyi_filter"])
 def test_g_pate_stops_before_the_step_that_would_overspend(make_cfg, tmp_path, bound: str, monkeypatch) -> None:
     import dpsyn.results.grid as grid
     from dpsyn.cli.train import run
@@ -238,8 +238,19 @@ def test_g_pate_stops_before_the_step_that_would_overspend(make_cfg, tmp_path, b
     assert result["epsilon_spent"] <= 2
     if bound == "data_independent":  # as many whole steps as the data-independent bound allows
         assert event["queries"] == most
-    else:
+    elif bound == "data_dependent":
         assert event["queries"] >= most  # the data-dependent bound never exceeds the data-independent one
+    else:
+        # the filter: a query pays GNMax only if answered; it stops before a round with every query answered
+        # could pass the budget, so it makes more queries than the data-independent bound when some go unanswered
+        a, budget = event["filter_order"], event["filter_budget"]
+        threshold_cost, gnmax_cost = a / (2 * 100**2), a / 50**2
+        spent = event["queries"] * threshold_cost + event["answered"] * gnmax_cost
+        assert event["answered"] < event["queries"] and event["queries"] > most
+        assert spent <= budget < spent + 8 * (threshold_cost + gnmax_cost)
+        assert result["sample_provenance"]["filter_spent"] == pytest.approx(spent)
+        assert result["epsilon_spent"] == pytest.approx(2, rel=1e-6)  # the filter's guarantee: its budget's
+        assert "renyi-filter" in result["accountant"]
 
 
 def test_g_pate_without_noise_at_eps_inf(make_cfg, tmp_path, caplog) -> None:

@@ -210,6 +210,26 @@ def test_training_stops_before_the_step_that_would_overspend(make_cfg) -> None:
     assert ledger.epsilon() <= eps
 
 
+def test_under_the_renyi_filter_an_unanswered_label_pays_only_the_threshold(make_cfg) -> None:
+    """bound=renyi_filter: the run stops before a step of 4 queries, all answered, could pass the filter's budget,
+    and reports the budget's epsilon (tests/test_privacy_renyi_filter.py checks the filter against dp_accounting)."""
+    eps = 0.3
+    ledger = PrivacyLedger(target_epsilon=eps, delta=1e-5)
+    ctx = _image_ctx()
+    ctx.trainer = {}
+    method = _method(make_cfg, ctx, "method.steps=1000", "method.bound=renyi_filter")
+    method.fit(_image_split(), PrivacyBudget(eps, 1e-5), ledger)
+    (event,) = ledger.events
+    log = method.train_log
+    a, budget = event.filter_order, event.filter_budget
+    threshold_cost, gnmax_cost = a / (2 * 100**2), a / 50**2
+    spent = log["queries"] * threshold_cost + log["answered"] * gnmax_cost
+    assert log["stopped_by"] == "budget" and log["filter_spent"] == pytest.approx(spent)
+    assert spent <= budget < spent + 4 * (threshold_cost + gnmax_cost)
+    assert event.max_queries == ctx.capped_steps(1000) * 4  # the step cap's queries, fixed before the run
+    assert ledger.epsilon() == pytest.approx(eps, rel=1e-6) and ledger.epsilon() <= eps
+
+
 # ---- (4) end to end --------------------------------------------------------------------------------------------
 
 

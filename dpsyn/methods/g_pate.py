@@ -30,10 +30,12 @@ Privacy: the generator only sees the aggregated answers, so the run's privacy is
 queries, b*k per step (b generated samples, k projections): one :class:`dpsyn.privacy.PATEEvent` in the ledger, the
 votes of every step recorded before their answers are used. ``method.bound`` names the RDP bound used to stop
 training and to report epsilon: ``data_independent`` (default: every query charged ``lambda/(2 sigma1^2) +
-lambda/sigma2^2``, a function of public parameters only) or ``data_dependent`` (Papernot et al.'s bound, as the paper
-reports it; not itself private to publish). Training stops before a step whose queries would take the ledger past
-the target (for the data-dependent bound: judged with GNMax charged for all of the step's queries), or at
-``method.steps``. The gradients follow the reference code's convention: of the batch-MEAN generator loss (so the
+lambda/sigma2^2``, a function of public parameters only), ``renyi_filter`` (a Renyi filter at one order fixed before
+the run, Feldman & Zrnic 2021: a query pays GNMax only if its threshold check, a released output, answered it; the
+reported epsilon is the filter's budget, a true DP bound; :class:`dpsyn.privacy.ledger.PATEEvent`) or
+``data_dependent`` (Papernot et al.'s bound, as the paper reports it; not itself private to publish). Training stops
+before a step whose queries would take the ledger past the target (for the data-dependent bound and the filter:
+judged with GNMax charged for all of the step's queries), or at ``method.steps``. The gradients follow the reference code's convention: of the batch-MEAN generator loss (so the
 clip ``c = 1e-4`` has the paper's meaning), i.e. the per-sample gradient divided by b.
 
 
@@ -283,6 +285,50 @@ def pate_hyperparameters(
     return hp
 
 
+def new_pate_event(ledger: PrivacyLedger, hp: dict[str, Any], *, label: str, max_queries: int) -> PATEEvent:
+    """A run's Confident-GNMax event (G-PATE, PATE-GAN), made when it is recorded: under ``bound=renyi_filter`` the
+    filter's order and RDP budget come from the ledger as it stands then (after a table's class proportions), and
+    ``max_queries`` is the most queries the step cap allows (:class:`~dpsyn.privacy.ledger.PATEEvent`)."""
+    noise = dict(sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"])
+    extra: dict[str, Any] = {}
+    if hp["bound"] == "renyi_filter":
+        order, budget = ledger.renyi_filter(**noise)
+        extra = dict(filter_order=order, filter_budget=budget, max_queries=int(max_queries))
+    return PATEEvent(**noise, threshold=hp["threshold"], bound=hp["bound"], label=label, **extra)
+
+
+def log_pate_allowance(name: str, event: PATEEvent, rest: PrivacyBudget, *, per_step: int, unit: str) -> None:
+    """Log how many queries (and steps of ``per_step``) the budget ``rest`` allows: exactly under the
+    data-independent bound; under the Renyi filter, with every query answered (the fewest) and with none."""
+    s1, s2 = event.sigma_threshold, event.sigma
+    if event.bound == "data_independent":
+        q = pate_max_queries(epsilon=rest.epsilon, sigma_threshold=s1, sigma=s2, delta=rest.delta) if rest.epsilon > 0 else 0
+        log.info("%s: the data-independent bound allows about %d queries = %d %s of %d (eps=%g, delta=%g)",
+                 name, q, q // per_step, unit, per_step, rest.epsilon, rest.delta)
+    elif event.bound == "renyi_filter":
+        a, budget = event.filter_order, event.filter_budget
+        most, fewest = int(budget / (a / (2 * s1 * s1))), int(budget / (a / (2 * s1 * s1) + a / (s2 * s2)))
+        log.info("%s: a Renyi filter at order %g (budget %.4g) allows %d-%d queries = %d-%d %s of %d, as more or "
+                 "fewer are answered (eps=%g, delta=%g)", name, a, budget, fewest, most, fewest // per_step,
+                 most // per_step, unit, per_step, rest.epsilon, rest.delta)
+
+
+def filter_fill(event: PATEEvent | None) -> dict[str, str]:
+    """``{"filter": share}``, the share of a Renyi filter's budget the realised queries have used (for a progress
+    bar: the epsilon a filtered run reports is the budget's from its first query on), or ``{}``."""
+    if event is None or event.bound != "renyi_filter":
+        return {}
+    return {"filter": f"{event.filter_spent() / event.filter_budget:.3f}"}
+
+
+def filter_record(event: PATEEvent | None) -> dict[str, float]:
+    """A Renyi filter's order, budget and realised RDP for a run's train log (empty for other bounds)."""
+    if event is None or event.bound != "renyi_filter":
+        return {}
+    return {"filter_order": float(event.filter_order), "filter_budget": float(event.filter_budget),
+            "filter_spent": float(event.filter_spent())}
+
+
 @METHODS.register("g_pate")
 class GPATE(Method):
     """G-PATE on images and tables (see the module docstring)."""
@@ -414,14 +460,14 @@ class GPATE(Method):
         self._basis = (dct_basis(ctx.shape, hp["projection_frequencies"]).to(device) if hp["projection"] == "dct"
                        else None)
 
+        event: PATEEvent | None = None  # made when recorded (new_pate_event), or restored from a checkpoint
         if budget.private:
-            event = PATEEvent(sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"], threshold=hp["threshold"],
-                              bound=hp["bound"], label=f"g_pate gradient votes ({n_teachers} teachers, k={k}, B={hp['bins']})")
             dp_gen = dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=str(device))
             aggregate = "vote"
         else:
-            event, dp_gen = None, None
+            dp_gen = None
             aggregate = hp["inf_aggregate"]
+        max_steps = ctx.capped_steps(hp["steps"])
         start = 0
         ckpt = Checkpointer.in_run(ctx.run_dir, CHECKPOINT, self._fingerprint(budget), every=hp["checkpoint_every"])
         saved = ckpt.load()
@@ -446,28 +492,26 @@ class GPATE(Method):
             # charged again just above, from their saved release)
             restored = saved.restore_ledger(ledger)
             event_id: int | None = None
-            if event is not None:
+            if budget.private:
                 event_id = restored[-1]
                 event = ledger.events[event_id]
                 if ctx.deterministic_noise:
                     dp_gen.set_state(state["dp_gen"])  # generator states are CPU byte tensors
             log.info("resuming g_pate from %s at step %d", ckpt.path, start)
-        elif event is not None:
+        elif budget.private:
+            event = new_pate_event(ledger, hp, label=f"g_pate gradient votes ({n_teachers} teachers, k={k}, "
+                                   f"B={hp['bins']})", max_queries=max_steps * b * k)
             event_id = ledger.add(event)
         else:
             event_id = None
             ledger.add(NonPrivateEvent(label=f"g_pate trained without noise (eps=inf): {INF_AGGREGATES[aggregate]}"))
-        if event is not None and hp["bound"] == "data_independent":
-            q = pate_max_queries(epsilon=rest.epsilon, sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"],
-                                 delta=rest.delta)
-            log.info("g_pate: the data-independent bound allows about %d queries = %d rounds of %d (eps=%g, delta=%g)",
-                     q, q // (b * k), b * k, rest.epsilon, rest.delta)
+        if event is not None:
+            log_pate_allowance("g_pate", event, rest, per_step=b * k, unit="rounds")
         log.info("g_pate: %d teachers of %d rows, %s", n_teachers, parts.size, batch_rule)
         # training labels: uniform over the classes (images), or drawn from the released proportions (tables)
         label_probs = None if self.proportions is None else torch.as_tensor(self.proportions, dtype=torch.float32)
 
         r_fakes = hp["teacher_fakes"]  # the round's b fakes (the reference code) when 1
-        max_steps = ctx.capped_steps(hp["steps"])
         self.train_log: dict[str, Any] = {"stopped_by": "steps", "batch": b, "teacher_batch": tb,
                                           "partition_size": parts.size, "batch_rule": batch_rule,
                                           "aggregate": aggregate}
@@ -513,11 +557,13 @@ class GPATE(Method):
             if answered is not None:
                 answered_s = f"{answered.float().mean().item():.3f}"
             eps_now = ledger.epsilon() if event is not None else math.inf
+            fill = filter_fill(event)
             bar.update(1)
-            bar.set_postfix(eps=f"{eps_now:.3f}", answered=answered_s, refresh=False)
+            bar.set_postfix(eps=f"{eps_now:.3f}", answered=answered_s, **fill, refresh=False)
             if step % 50 == 0 or step == 1:
-                log.info("g_pate round %d: answered %s of %d queries, eps %.4f (%s)", step, answered_s, b * k,
-                         eps_now, hp["bound"] if event is not None else aggregate)
+                log.info("g_pate round %d: answered %s of %d queries, eps %.4f (%s)%s", step, answered_s, b * k,
+                         eps_now, hp["bound"] if event is not None else aggregate,
+                         f", Renyi filter {fill['filter']} used" if fill else "")
             if ckpt.due(step):
                 ckpt.save(step, {
                     "G": G.state_dict(), "G_ema": None if G_ema is None else G_ema.state_dict(),
@@ -531,7 +577,7 @@ class GPATE(Method):
             G_ema.eval()
         self.G, self.device = (G if G_ema is None else G_ema), device
         self.train_log.update(steps=step, fit_s=time.perf_counter() - t0, queries=0 if event is None else event.queries,
-                              answered=0 if event is None else event.answered)
+                              answered=0 if event is None else event.answered, **filter_record(event))
         log.info("g_pate: %d rounds (stopped by %s), %s", step, self.train_log["stopped_by"],
                  f"{event.queries} queries, {event.answered} answered" if event is not None else aggregate)
 

@@ -53,6 +53,10 @@ from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.methods.g_pate import (
     TEACHER_ARCHS,
+    filter_fill,
+    filter_record,
+    log_pate_allowance,
+    new_pate_event,
     pate_hyperparameters,
 )
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
@@ -70,7 +74,6 @@ from dpsyn.privacy import (
     PrivacyLedger,
     confident_gnmax,
     dp_generator,
-    pate_max_queries,
 )
 from dpsyn.results.checkpoint import Checkpointer
 
@@ -282,12 +285,10 @@ class PATEGAN(Method):
         x_all = torch.from_numpy(np.ascontiguousarray(private.x, dtype=np.float32)).to(device)
         y_all = torch.from_numpy(private.y.astype(np.int64)).to(device)
 
-        if budget.private:
-            event = PATEEvent(sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"], threshold=hp["threshold"],
-                              bound=hp["bound"], label=f"pate_gan student labels ({n_teachers} teachers, 2 bins)")
-            dp_gen = dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=str(device))
-        else:
-            event, dp_gen = None, None
+        event: PATEEvent | None = None  # made when recorded (new_pate_event), or restored from a checkpoint
+        dp_gen = (dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=str(device))
+                  if budget.private else None)
+        max_steps = ctx.capped_steps(hp["steps"])
         start = 0
         ckpt = Checkpointer.in_run(ctx.run_dir, CHECKPOINT, self._fingerprint(budget), every=hp["checkpoint_every"])
         saved = ckpt.load()
@@ -307,25 +308,22 @@ class PATEGAN(Method):
             # charged again just above, from their saved release)
             restored = saved.restore_ledger(ledger)
             event_id: int | None = None
-            if event is not None:
+            if budget.private:
                 event_id = restored[-1]
                 event = ledger.events[event_id]
                 if ctx.deterministic_noise:
                     dp_gen.set_state(state["dp_gen"])
             log.info("resuming pate_gan from %s at step %d", ckpt.path, start)
-        elif event is not None:
+        elif budget.private:
+            event = new_pate_event(ledger, hp, label=f"pate_gan student labels ({n_teachers} teachers, 2 bins)",
+                                   max_queries=max_steps * b)
             event_id = ledger.add(event)
         else:
             event_id = None
             ledger.add(NonPrivateEvent(label="pate_gan trained without noise (eps=inf): plain argmax of the votes"))
-        if event is not None and hp["bound"] == "data_independent":
-            left = rest.epsilon
-            q = pate_max_queries(epsilon=left, sigma_threshold=hp["sigma_threshold"], sigma=hp["sigma"],
-                                 delta=rest.delta) if left > 0 else 0
-            log.info("pate_gan: the data-independent bound allows about %d queries = %d steps of %d (eps=%g left, "
-                     "delta=%g)", q, q // b, b, left, rest.delta)
+        if event is not None:
+            log_pate_allowance("pate_gan", event, rest, per_step=b, unit="steps")
 
-        max_steps = ctx.capped_steps(hp["steps"])
         self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": parts.size}
         t0 = time.perf_counter()
         step, s_loss = start, math.nan
@@ -373,7 +371,8 @@ class PATEGAN(Method):
             step += 1
             eps_now = ledger.epsilon() if event is not None else math.inf  # once a step: for the bar and the log
             bar.update(1)
-            bar.set_postfix(eps=f"{eps_now:.3f}", answered=f"{float(answered.float().mean()):.2f}", refresh=False)
+            bar.set_postfix(eps=f"{eps_now:.3f}", answered=f"{float(answered.float().mean()):.2f}",
+                            **filter_fill(event), refresh=False)
             if step % 50 == 0 or step == 1:
                 log.info("pate_gan step %d: %d of %d answered, %.3f voted real; S loss %.3f, G loss %.3f; eps %.4f (%s)",
                          step, int(answered.sum()), b, float(label[answered].float().mean()) if answered.any() else 0.0,
@@ -390,7 +389,7 @@ class PATEGAN(Method):
         G.eval()
         self.G, self.device = G, device
         self.train_log.update(steps=step, fit_s=time.perf_counter() - t0, queries=0 if event is None else event.queries,
-                              answered=0 if event is None else event.answered)
+                              answered=0 if event is None else event.answered, **filter_record(event))
         log.info("pate_gan: %d steps (stopped by %s), %s", step, self.train_log["stopped_by"],
                  f"{event.queries} queries, {event.answered} answered" if event is not None else "non-private")
 

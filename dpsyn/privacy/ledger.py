@@ -257,6 +257,19 @@ class PATEEvent(PrivacyEvent):
     * ``"data_dependent"``: the accumulated data-dependent RDP (threshold for every query, GNMax for the answered
       ones), as Papernot et al. and G-PATE report; it depends on the votes, so publishing it is not private unless
       it goes through a smooth-sensitivity release (:meth:`PrivacyLedger.record_pate_smooth_release`).
+    * ``"renyi_filter"``: a Renyi filter (Feldman & Zrnic 2021, Thm 3.1; Lecuyer 2021) at one order
+      ``filter_order`` fixed before the run. Each threshold check is a Gaussian mechanism of RDP
+      ``alpha/(2 sigma_threshold^2)``; GNMax runs only on the queries the check answered, a choice made on that
+      check's released output, so a query pays ``alpha/sigma^2`` only if answered. The filter's theorem: mechanisms
+      whose RDP at ``alpha`` is chosen from the outputs so far, stopped before their sum could pass ``B``
+      (``filter_budget``, fixed before the run), compose to ``(alpha, B)``-RDP. The realised sum
+      ``alpha (queries/(2 sigma_threshold^2) + answered/sigma^2)`` is a function of released outputs only (which
+      queries were answered); the method stops before a round could take it past ``B``
+      (:meth:`PrivacyLedger.would_exceed` on :meth:`with_queries` with every query answered). The guarantee reported
+      is ``B`` at ``filter_order`` (never the realised sum, which is not a guarantee), and, at every order, the
+      data-independent bound of ``max_queries`` (the most queries the run can make, fixed before it; None: no bound
+      there). A run that passes ``B`` has no guarantee: its RDP is ``inf`` and the ledger refuses it.
+      :meth:`PrivacyLedger.renyi_filter` picks the order and ``B`` for a target.
 
     A smooth-sensitivity release, once recorded in ``smooth_release``, adds its own RDP (Thm 23) to the event's.
 
@@ -271,6 +284,8 @@ class PATEEvent(PrivacyEvent):
             default; the ledger composes at those).
         rdp_data_dependent: Accumulated data-dependent RDP, one value per order (zeros by default, and always zeros
             under the data-independent bound: not a function of the votes then).
+        filter_order, filter_budget: The Renyi filter's order and RDP budget (``renyi_filter`` only; None else).
+        max_queries: The most queries the run can make, fixed before it (``renyi_filter``; None: unbounded).
         smooth_release: The smooth-sensitivity release's :meth:`~dpsyn.privacy.pate.PATESmoothRelease.to_dict`,
             or None.
         label: Free text saying what was queried.
@@ -286,6 +301,9 @@ class PATEEvent(PrivacyEvent):
     orders: list[float] = field(default_factory=list)
     rdp_data_dependent: list[float] = field(default_factory=list)
     smooth_release: dict[str, Any] | None = None
+    filter_order: float | None = None
+    filter_budget: float | None = None
+    max_queries: int | None = None
 
     def __post_init__(self) -> None:
         self.sigma_threshold = _check_positive("sigma_threshold", self.sigma_threshold)
@@ -315,6 +333,23 @@ class PATEEvent(PrivacyEvent):
         independent = self._rdp_data_independent(np.asarray(self.orders))
         if np.any(np.asarray(self.rdp_data_dependent) > independent * (1 + 1e-9) + 1e-300):
             raise ValueError("rdp_data_dependent exceeds the data-independent bound of the recorded queries")
+        if self.bound == "renyi_filter":
+            if self.filter_order is None or self.filter_budget is None:
+                raise ValueError("a renyi_filter PATE event needs filter_order and filter_budget "
+                                 "(PrivacyLedger.renyi_filter picks them before the run)")
+            self.filter_order = _check_positive("filter_order", self.filter_order)
+            if not self.filter_order > 1:
+                raise ValueError(f"filter_order must be an RDP order > 1, got {self.filter_order!r}")
+            if not any(math.isclose(self.filter_order, a, rel_tol=1e-12) for a in self.orders):
+                raise ValueError(f"filter_order {self.filter_order!r} is not one of the event's RDP orders")
+            self.filter_budget = _check_positive("filter_budget", self.filter_budget)
+            if self.max_queries is not None:
+                self.max_queries = _check_count("max_queries", self.max_queries)
+            if self.smooth_release is not None:
+                raise ValueError("a renyi_filter PATE event takes no smooth-sensitivity release")
+        elif (self.filter_order, self.filter_budget, self.max_queries) != (None, None, None):
+            raise ValueError(f"filter_order, filter_budget and max_queries belong to the renyi_filter bound, "
+                             f"not {self.bound!r}")
         if self.smooth_release is not None:
             if not isinstance(self.smooth_release, Mapping) or set(self.smooth_release) != set(_SMOOTH_KEYS):
                 raise ValueError(f"smooth_release must be a mapping with keys {sorted(_SMOOTH_KEYS)}")
@@ -323,6 +358,25 @@ class PATEEvent(PrivacyEvent):
 
     def _rdp_data_independent(self, orders: np.ndarray) -> np.ndarray:
         return self.queries * (orders / (2.0 * self.sigma_threshold**2) + orders / self.sigma**2)
+
+    def filter_spent(self) -> float:
+        """The Renyi filter's realised RDP at ``filter_order``: every query's threshold check, GNMax for the
+        answered ones (a function of released outputs; the stopping rule, not the guarantee)."""
+        if self.bound != "renyi_filter":
+            raise ValueError(f"filter_spent is the renyi_filter bound's, not {self.bound!r}'s")
+        a = float(self.filter_order)
+        return self.queries * a / (2.0 * self.sigma_threshold**2) + self.answered * a / self.sigma**2
+
+    def _rdp_renyi_filter(self, orders: np.ndarray) -> np.ndarray:
+        if self.filter_spent() > self.filter_budget * (1.0 + _BUDGET_RTOL):
+            return np.full(orders.shape, math.inf)  # the filter was overrun: no guarantee at any order
+        if self.max_queries is None or self.queries > self.max_queries:  # (a resumed run given more steps)
+            out = np.full(orders.shape, math.inf)
+        else:  # the data-independent bound of the most queries the run can make, valid at every order
+            out = self.max_queries * (orders / (2.0 * self.sigma_threshold**2) + orders / self.sigma**2)
+        at = np.isclose(orders, self.filter_order, rtol=1e-12, atol=0.0)
+        out[at] = np.minimum(out[at], self.filter_budget)
+        return out
 
     def add_queries(self, votes: Any, answered: Any) -> None:
         """Record a batch of queries: their number, how many were answered (the noisy threshold check's output), and,
@@ -374,6 +428,8 @@ class PATEEvent(PrivacyEvent):
         alphas = np.asarray(orders, dtype=np.float64)
         if self.bound == "data_independent":
             out = self._rdp_data_independent(alphas)
+        elif self.bound == "renyi_filter":
+            out = self._rdp_renyi_filter(alphas)
         else:
             if [float(a) for a in alphas] != self.orders:
                 raise ValueError(
@@ -829,6 +885,53 @@ class PrivacyLedger:
             events[replacing] = event
         trial = PrivacyLedger(target_epsilon=self._target_epsilon, delta=self._delta, events=events)
         return trial.epsilon(self._delta)
+
+    def renyi_filter(self, *, sigma_threshold: float, sigma: float) -> tuple[float, float]:
+        """The order and RDP budget of a Renyi filter for Confident-GNMax queries recorded after the events so far
+        (a ``renyi_filter`` :class:`PATEEvent`), fixed before any of its queries.
+
+        At each order ``alpha`` the budget is the most RDP the queries may add with the epsilon at the ledger's
+        delta within the target: Balle et al.'s conversion (:func:`~dpsyn.privacy.dpsgd.rdp_to_epsilon`) inverted,
+        ``B(alpha) = eps - log((alpha-1)/alpha) + (log delta + log alpha)/(alpha-1) - RDP_before(alpha)``, after the
+        approximate-DP events' epsilon and delta (basic composition, as :meth:`epsilon`). Every query costs a
+        multiple of ``alpha`` (Gaussian mechanisms), so the order that allows the most queries maximises
+        ``B(alpha)/alpha``; it depends on the budget and the events before, not on the data.
+
+        Returns:
+            ``(order, budget)``.
+
+        Raises:
+            ValueError: On a non-private ledger, or if no order leaves a positive budget.
+        """
+        s1, s2 = _check_positive("sigma_threshold", sigma_threshold), _check_positive("sigma", sigma)
+        plan = self._plan()
+        if plan.non_private or not math.isfinite(self._target_epsilon):
+            raise ValueError("a Renyi filter needs a private ledger with a finite target epsilon")
+        eps_left = self._target_epsilon - math.fsum(e.epsilon for e in plan.approx)
+        delta_left = self._delta - math.fsum(e.delta for e in plan.approx)
+        orders = np.asarray(rdp_orders(), dtype=np.float64)
+        before = [*plan.sampled, *plan.gaussian, *plan.pate, *plan.select]
+        rdp_before = events_rdp(before, orders) if before else np.zeros_like(orders)
+        if not (eps_left > 0 and delta_left > 0):
+            raise ValueError(f"the events so far leave no budget for a Renyi filter (eps {eps_left:.4g}, "
+                             f"delta {delta_left:.3g} left)")
+        budgets = (eps_left - np.log((orders - 1.0) / orders) + (math.log(delta_left) + np.log(orders)) / (orders - 1.0)
+                   - rdp_before)
+        if not np.any(budgets > 0):
+            raise ValueError(f"no RDP order leaves a positive budget for a Renyi filter at eps {eps_left:.4g}")
+        i = int(np.argmax(np.where(budgets > 0, budgets / orders, -np.inf)))
+        order, budget = float(orders[i]), float(budgets[i])
+        # the inverse above and Opacus's forward conversion may differ in the last bits: never claim past the target
+        def composed(b: float) -> float:
+            curve = np.full(orders.shape, math.inf)
+            curve[i] = b
+            return rdp_to_epsilon(rdp=rdp_before + curve, orders=orders, delta=delta_left)[0]
+
+        while composed(budget) > eps_left:
+            budget *= 1.0 - 1e-12
+        logger.debug("renyi filter: order %g, budget %.6g (per query: %.3g threshold, %.3g GNMax)", order, budget,
+                     order / (2 * s1 * s1), order / (s2 * s2))
+        return order, budget
 
     def would_exceed(self, event: PrivacyEvent, *, replacing: int | None = None) -> bool:
         """Stop before overspending: whether recording ``event`` would take the epsilon spent beyond the target.

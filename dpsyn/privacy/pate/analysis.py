@@ -89,8 +89,10 @@ from dpsyn.privacy.gaussian import _check_count, _check_delta, _check_positive
 
 logger = logging.getLogger(__name__)
 
-PATE_BOUNDS: tuple[str, ...] = ("data_independent", "data_dependent")
-"""Which RDP bound an epsilon (or a ledger's :class:`~dpsyn.privacy.ledger.PATEEvent`) uses."""
+PATE_BOUNDS: tuple[str, ...] = ("data_independent", "data_dependent", "renyi_filter")
+"""Which RDP bound an epsilon (or a ledger's :class:`~dpsyn.privacy.ledger.PATEEvent`) uses. ``renyi_filter`` is a
+ledger bound only (:class:`~dpsyn.privacy.ledger.PATEEvent`): a Renyi filter at one order fixed before the run
+(Feldman & Zrnic 2021), where a query pays GNMax only if its threshold check answered it."""
 
 PATE_RELEASES: tuple[str, ...] = ("data_independent", "raw", "smooth")
 """How a method reports PATE's epsilon (config ``release``); see :func:`pate_bound_for_release`."""
