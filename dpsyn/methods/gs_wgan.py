@@ -395,6 +395,13 @@ class GSWGAN(Method):
         with the iterations run (capped by the trainer) and the sigma calibrated for them."""
         return self.resume_fingerprint(budget, iterations=iterations, sigma=sigma)
 
+    def _make_generator(self) -> nn.Module:
+        """A fresh generator of the run's shape: the main G (its EMA is released) and each critic's throw-away
+        warm-start generator; ``snapshot_eval.py`` rebuilds checkpoints with it."""
+        hp, ctx = self.hp, self.ctx
+        return CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=ctx.shape[0],
+                                  resolution=ctx.shape[1], ngf=hp["ngf"])
+
     def fit(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
     ) -> None:
@@ -419,10 +426,7 @@ class GSWGAN(Method):
         parts = TeacherPartitions(n_rows, K, generator=gen, shuffle=hp["shuffle_partitions"])
         critic_batch = min(b, parts.size)
         channels, resolution = ctx.shape[0], ctx.shape[1]
-        def make_generator() -> nn.Module:  # the main G, and each critic's throw-away warm-start generator
-            return CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=channels,
-                                      resolution=resolution, ngf=hp["ngf"])
-
+        make_generator = self._make_generator  # the main G, and each critic's throw-away warm-start generator
         G = make_generator().to(device)
         G_ema = copy.deepcopy(G)
         bank = CriticBank(

@@ -32,23 +32,19 @@ import torch
 from omegaconf import OmegaConf
 
 from dpsyn.methods.base import generate_conditional
-from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.results.plots import _plt, _save, _tile
 
 
 def generator_of(cfg, state: dict, *, shape: tuple[int, ...], num_classes: int) -> tuple[torch.nn.Module, str]:
     """The checkpoint's released generator (gs_wgan, g_pate: its EMA when ``method.ema`` > 0; g_pate's wrapped in its
     output low-pass when ``method.output_frequencies`` is set) and its latent distribution."""
-    m = cfg.method
-    if m.name == "gs_wgan":  # builds its generator inside fit(): this DCGAN
-        G = CondDCGANGenerator(z_dim=int(m.z_dim), num_classes=num_classes, channels=shape[0], resolution=shape[1],
-                               ngf=int(m.ngf))
-    else:  # g_pate, pate_gan: the method's own builder (g_pate's output low-pass included)
-        from dpsyn.methods import METHODS, RunContext
+    from dpsyn.methods import METHODS, RunContext
 
-        ctx = RunContext(seed=int(cfg.seed), deterministic_noise=False, accountant=str(cfg.privacy.accountant),
-                         kind="image", shape=shape, num_classes=num_classes, classes=[str(c) for c in range(num_classes)])
-        G = METHODS.get(m.name)(m, ctx)._make_generator()
+    m = cfg.method
+    # the method's own builder (g_pate's output low-pass included), the one fit() trains
+    ctx = RunContext(seed=int(cfg.seed), deterministic_noise=False, accountant=str(cfg.privacy.accountant),
+                     kind="image", shape=shape, num_classes=num_classes, classes=[str(c) for c in range(num_classes)])
+    G = METHODS.get(m.name)(m, ctx)._make_generator()
     key = "G_ema" if m.name in ("gs_wgan", "g_pate") and float(m.get("ema", 0)) > 0 else "G"
     G.load_state_dict(state[key])
     return G.eval(), ("uniform" if m.name == "g_pate" else "normal")
