@@ -606,7 +606,8 @@ DI, RF = "data_independent", "renyi_filter"
                                                       ("fmnist", "1", (7, 400, RF)), ("fmnist", "9.5", (7, 400, RF)),
                                                       ("fmnist", "inf", (None, 200, DI)),
                                                       ("mnist", "10", (None, 1000, DI)),
-                                                      ("mnist", "1", (None, 1000, DI)), ("digits", "1", (None, 200, DI))])
+                                                      ("mnist", "1", (None, 1000, DI)),
+                                                      ("digits", "1", (None, 200, DI))])
 def test_the_low_pass_round_caps_and_filter_are_the_validation_choice_on_fmnist(make_cfg, dataset, eps,
                                                                                 want) -> None:
     """fmnist's private runs take the output low-pass (m = 7): at eps >= 10 with up to 350 rounds under the

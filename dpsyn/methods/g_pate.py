@@ -35,8 +35,9 @@ the run, Feldman & Zrnic 2021: a query pays GNMax only if its threshold check, a
 reported epsilon is the filter's budget, a true DP bound; :class:`dpsyn.privacy.ledger.PATEEvent`) or
 ``data_dependent`` (Papernot et al.'s bound, as the paper reports it; not itself private to publish). Training stops
 before a step whose queries would take the ledger past the target (for the data-dependent bound and the filter:
-judged with GNMax charged for all of the step's queries), or at ``method.steps``. The gradients follow the reference code's convention: of the batch-MEAN generator loss (so the
-clip ``c = 1e-4`` has the paper's meaning), i.e. the per-sample gradient divided by b.
+judged with GNMax charged for all of the step's queries), or at ``method.steps``. The gradients follow the reference
+code's convention: of the batch-MEAN generator loss (so the clip ``c = 1e-4`` has the paper's meaning), i.e. the
+per-sample gradient divided by b.
 
 
 Tables (the paper's Kaggle Credit protocol, Sec. 5): fully connected teachers (:class:`CondMLPTeacher`) and
@@ -302,7 +303,8 @@ def log_pate_allowance(name: str, event: PATEEvent, rest: PrivacyBudget, *, per_
     data-independent bound; under the Renyi filter, with every query answered (the fewest) and with none."""
     s1, s2 = event.sigma_threshold, event.sigma
     if event.bound == "data_independent":
-        q = pate_max_queries(epsilon=rest.epsilon, sigma_threshold=s1, sigma=s2, delta=rest.delta) if rest.epsilon > 0 else 0
+        q = (pate_max_queries(epsilon=rest.epsilon, sigma_threshold=s1, sigma=s2, delta=rest.delta)
+             if rest.epsilon > 0 else 0)
         log.info("%s: the data-independent bound allows about %d queries = %d %s of %d (eps=%g, delta=%g)",
                  name, q, q // per_step, unit, per_step, rest.epsilon, rest.delta)
     elif event.bound == "renyi_filter":
