@@ -301,15 +301,15 @@ def new_pate_event(ledger: PrivacyLedger, hp: dict[str, Any], *, label: str, max
 def log_pate_allowance(name: str, event: PATEEvent, rest: PrivacyBudget, *, per_step: int, unit: str) -> None:
     """Log how many queries (and steps of ``per_step``) the budget ``rest`` allows: exactly under the
     data-independent bound; under the Renyi filter, with every query answered (the fewest) and with none."""
-    s1, s2 = event.sigma_threshold, event.sigma
     if event.bound == "data_independent":
-        q = (pate_max_queries(epsilon=rest.epsilon, sigma_threshold=s1, sigma=s2, delta=rest.delta)
-             if rest.epsilon > 0 else 0)
+        q = (pate_max_queries(epsilon=rest.epsilon, sigma_threshold=event.sigma_threshold, sigma=event.sigma,
+                              delta=rest.delta) if rest.epsilon > 0 else 0)
         log.info("%s: the data-independent bound allows about %d queries = %d %s of %d (eps=%g, delta=%g)",
                  name, q, q // per_step, unit, per_step, rest.epsilon, rest.delta)
     elif event.bound == "renyi_filter":
         a, budget = event.filter_order, event.filter_budget
-        most, fewest = int(budget / (a / (2 * s1 * s1))), int(budget / (a / (2 * s1 * s1) + a / (s2 * s2)))
+        threshold, gnmax = (float(c[0]) for c in event.query_rdp([a]))
+        most, fewest = int(budget / threshold), int(budget / (threshold + gnmax))
         log.info("%s: a Renyi filter at order %g (budget %.4g) allows %d-%d queries = %d-%d %s of %d, as more or "
                  "fewer are answered (eps=%g, delta=%g)", name, a, budget, fewest, most, fewest // per_step,
                  most // per_step, unit, per_step, rest.epsilon, rest.delta)
@@ -318,9 +318,8 @@ def log_pate_allowance(name: str, event: PATEEvent, rest: PrivacyBudget, *, per_
 def filter_fill(event: PATEEvent | None) -> dict[str, str]:
     """``{"filter": share}``, the share of a Renyi filter's budget the realised queries have used (for a progress
     bar: the epsilon a filtered run reports is the budget's from its first query on), or ``{}``."""
-    if event is None or event.bound != "renyi_filter":
-        return {}
-    return {"filter": f"{event.filter_spent() / event.filter_budget:.3f}"}
+    record = filter_record(event)
+    return {"filter": f"{record['filter_spent'] / record['filter_budget']:.3f}"} if record else {}
 
 
 def filter_record(event: PATEEvent | None) -> dict[str, float]:

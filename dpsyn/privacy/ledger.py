@@ -70,7 +70,9 @@ from dpsyn.privacy.pate import (
     PATESmoothRelease,
     check_pate_bound,
     confident_gnmax_rdp,
+    gnmax_rdp_data_independent,
     gnss_rdp,
+    threshold_rdp_data_independent,
 )
 from dpsyn.results.io import atomic_write_json
 
@@ -356,16 +358,21 @@ class PATEEvent(PrivacyEvent):
             self.smooth_release = dict(self.smooth_release)
         self.label = _check_label(self.label)
 
+    def query_rdp(self, orders: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The data-independent RDP at ``orders`` of one query's threshold check and of one GNMax answer."""
+        return (threshold_rdp_data_independent(sigma_threshold=self.sigma_threshold, orders=orders),
+                gnmax_rdp_data_independent(sigma=self.sigma, orders=orders))
+
     def _rdp_data_independent(self, orders: np.ndarray) -> np.ndarray:
-        return self.queries * (orders / (2.0 * self.sigma_threshold**2) + orders / self.sigma**2)
+        return self.queries * sum(self.query_rdp(orders))
 
     def filter_spent(self) -> float:
         """The Renyi filter's realised RDP at ``filter_order``: every query's threshold check, GNMax for the
         answered ones (a function of released outputs; the stopping rule, not the guarantee)."""
         if self.bound != "renyi_filter":
             raise ValueError(f"filter_spent is the renyi_filter bound's, not {self.bound!r}'s")
-        a = float(self.filter_order)
-        return self.queries * a / (2.0 * self.sigma_threshold**2) + self.answered * a / self.sigma**2
+        threshold, gnmax = self.query_rdp([float(self.filter_order)])
+        return float(self.queries * threshold[0] + self.answered * gnmax[0])
 
     def _rdp_renyi_filter(self, orders: np.ndarray) -> np.ndarray:
         if self.filter_spent() > self.filter_budget * (1.0 + _BUDGET_RTOL):
@@ -373,7 +380,7 @@ class PATEEvent(PrivacyEvent):
         if self.max_queries is None or self.queries > self.max_queries:  # (a resumed run given more steps)
             out = np.full(orders.shape, math.inf)
         else:  # the data-independent bound of the most queries the run can make, valid at every order
-            out = self.max_queries * (orders / (2.0 * self.sigma_threshold**2) + orders / self.sigma**2)
+            out = self.max_queries * sum(self.query_rdp(orders))
         at = np.isclose(orders, self.filter_order, rtol=1e-12, atol=0.0)
         out[at] = np.minimum(out[at], self.filter_budget)
         return out
