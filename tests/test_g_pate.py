@@ -599,6 +599,45 @@ def test_the_ema_generator_is_released_and_survives_a_crash(make_cfg, tmp_path, 
     np.testing.assert_allclose(resumed, whole, atol=1e-6)
 
 
+
+def test_the_generator_lr_decays_linearly_after_its_start_and_resumes_the_same(make_cfg, tmp_path, monkeypatch) -> None:
+    """``method.lr_g_decay_start``: lr_g is constant until that share of the round cap, then falls linearly towards
+    0 (never 0 on a round that steps); the optimiser steps with it; a crashed run resumes on the same schedule."""
+    from dpsyn.cli.train import run
+
+    assert [g_pate.lr_decay(s, 10, None) for s in (0, 5, 9)] == [1.0, 1.0, 1.0]
+    np.testing.assert_allclose([g_pate.lr_decay(s, 10, 0.5) for s in range(10)],
+                               [1, 1, 1, 1, 1, 1.0, 0.8, 0.6, 0.4, 0.2])
+    np.testing.assert_allclose([g_pate.lr_decay(s, 4, 0.0) for s in range(4)], [1.0, 0.75, 0.5, 0.25])
+
+    over = (*SMOKE, "eps=1", "method.steps=5", "method.checkpoint_every=2", "metrics.names.image=[]",
+            "metrics.n_samples=50")
+    seen: list[float] = []
+    adam_step = torch.optim.Adam.step
+
+    def record(self, *args, **kwargs):  # the generator's optimiser is the one with a single param group at lr_g scale
+        seen.append(self.param_groups[0]["lr"])
+        return adam_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", record)
+    run(make_cfg(*over, "method.lr_g=1e-3", "method.lr_d=7e-3", "method.lr_g_decay_start=0.5"), tmp_path / "whole")
+    monkeypatch.setattr(torch.optim.Adam, "step", adam_step)
+    g_lrs = [lr for lr in seen if lr != 7e-3]  # the teachers' Adam keeps lr_d
+    np.testing.assert_allclose(g_lrs, [1e-3, 1e-3, 1e-3, 8e-4, 4e-4])  # 5 rounds: (5 - r) / 2.5 from r = 3
+    whole = np.load(tmp_path / "whole" / "samples.npz")["x"]
+
+    run(make_cfg(*over, "method.lr_g=1e-3", "method.lr_d=7e-3"), tmp_path / "constant")
+    assert not np.allclose(np.load(tmp_path / "constant" / "samples.npz")["x"], whole, atol=1e-4)
+
+    original = g_pate.aggregate_votes
+    monkeypatch.setattr(g_pate, "aggregate_votes", crash_on_call(original, 5))
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*over, "method.lr_g=1e-3", "method.lr_d=7e-3", "method.lr_g_decay_start=0.5"), tmp_path / "crashed")
+    monkeypatch.setattr(g_pate, "aggregate_votes", original)
+    run(make_cfg(*over, "method.lr_g=1e-3", "method.lr_d=7e-3", "method.lr_g_decay_start=0.5"), tmp_path / "crashed")
+    np.testing.assert_allclose(np.load(tmp_path / "crashed" / "samples.npz")["x"], whole, atol=1e-6)
+
+
 DI, RF = "data_independent", "renyi_filter"
 
 

@@ -243,6 +243,7 @@ class GPATESchema(PATENoiseSchema):
     d_hidden: List[int] = f([32], **WIDTHS)
     lr_g: float = f(1.0e-3, **GT0)
     lr_d: float = f(1.0e-3, **GT0)
+    lr_g_decay_start: Optional[float] = f(None, ge=0, lt=1)
     beta1: float = f(0.5, **ADAM_BETA)
     ema: float = f(0.0, ge=0, lt=1)
     shuffle_partitions: bool = True

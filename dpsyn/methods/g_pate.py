@@ -264,6 +264,19 @@ def dp_grad_agg(
 # the method
 
 
+def lr_decay(step: int, steps: int, start: float | None) -> float:
+    """The generator's learning-rate factor at round ``step`` (0-based) of ``steps``: 1 until ``start x steps``, then
+    falling linearly to ``1 / (steps (1 - start))`` at the last round (0 just after it); 1 throughout when ``start`` is
+    None.
+
+    A function of the round alone (not a ``torch.optim.lr_scheduler`` object), so a resumed run needs no scheduler
+    state to continue the same schedule.
+    """
+    if start is None:
+        return 1.0
+    return min(1.0, (steps - step) / (steps * (1.0 - start)))
+
+
 def pate_hyperparameters(
     cfg: Any, *, ints: tuple[str, ...], floats: tuple[str, ...], hidden: tuple[str, ...]
 ) -> dict[str, Any]:
@@ -359,6 +372,7 @@ class GPATE(Method):
         hp["projection"] = str(cfg.projection)
         hp["projection_frequencies"] = int(cfg.projection_frequencies)
         hp["output_frequencies"] = None if cfg.output_frequencies is None else int(cfg.output_frequencies)
+        hp["lr_g_decay_start"] = None if cfg.lr_g_decay_start is None else float(cfg.lr_g_decay_start)
         return hp
 
     # ---- building blocks ----------------------------------------------------------------------------------
@@ -549,6 +563,8 @@ class GPATE(Method):
             # student: regress G(z) onto x + g_hat (sum of squares, as the reference code)
             target = (fake.detach() + g_hat.view_as(fake)).detach()
             loss = ((fake - target) ** 2).sum()
+            for group in opt_g.param_groups:
+                group["lr"] = hp["lr_g"] * lr_decay(step, max_steps, hp["lr_g_decay_start"])
             opt_g.zero_grad(set_to_none=True)
             loss.backward()
             opt_g.step()
