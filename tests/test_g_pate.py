@@ -620,21 +620,21 @@ def test_the_generator_lr_decays_linearly_after_its_start_and_resumes_the_same(m
         return adam_step(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim.Adam, "step", record)
-    run(make_cfg(*over, "method.lr_g=1e-3", "method.lr_d=7e-3", "method.lr_g_decay_start=0.5"), tmp_path / "whole")
+    run(make_cfg(*over, "method.lr_g=1e-2", "method.lr_d=7e-3", "method.lr_g_decay_start=0.5"), tmp_path / "whole")
     monkeypatch.setattr(torch.optim.Adam, "step", adam_step)
     g_lrs = [lr for lr in seen if lr != 7e-3]  # the teachers' Adam keeps lr_d
-    np.testing.assert_allclose(g_lrs, [1e-3, 1e-3, 1e-3, 8e-4, 4e-4])  # 5 rounds: (5 - r) / 2.5 from r = 3
+    np.testing.assert_allclose(g_lrs, [1e-2, 1e-2, 1e-2, 8e-3, 4e-3])  # 5 rounds: (5 - r) / 2.5 from r = 3
     whole = np.load(tmp_path / "whole" / "samples.npz")["x"]
 
-    run(make_cfg(*over, "method.lr_g=1e-3", "method.lr_d=7e-3"), tmp_path / "constant")
+    run(make_cfg(*over, "method.lr_g=1e-2", "method.lr_d=7e-3"), tmp_path / "constant")
     assert not np.allclose(np.load(tmp_path / "constant" / "samples.npz")["x"], whole, atol=1e-4)
 
     original = g_pate.aggregate_votes
     monkeypatch.setattr(g_pate, "aggregate_votes", crash_on_call(original, 5))
     with pytest.raises(RuntimeError, match="killed"):
-        run(make_cfg(*over, "method.lr_g=1e-3", "method.lr_d=7e-3", "method.lr_g_decay_start=0.5"), tmp_path / "crashed")
+        run(make_cfg(*over, "method.lr_g=1e-2", "method.lr_d=7e-3", "method.lr_g_decay_start=0.5"), tmp_path / "crashed")
     monkeypatch.setattr(g_pate, "aggregate_votes", original)
-    run(make_cfg(*over, "method.lr_g=1e-3", "method.lr_d=7e-3", "method.lr_g_decay_start=0.5"), tmp_path / "crashed")
+    run(make_cfg(*over, "method.lr_g=1e-2", "method.lr_d=7e-3", "method.lr_g_decay_start=0.5"), tmp_path / "crashed")
     np.testing.assert_allclose(np.load(tmp_path / "crashed" / "samples.npz")["x"], whole, atol=1e-6)
 
 
