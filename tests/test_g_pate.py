@@ -599,7 +599,6 @@ def test_the_ema_generator_is_released_and_survives_a_crash(make_cfg, tmp_path, 
     np.testing.assert_allclose(resumed, whole, atol=1e-6)
 
 
-
 def test_the_generator_lr_decays_linearly_after_its_start_and_resumes_the_same(make_cfg, tmp_path, monkeypatch) -> None:
     """``method.lr_g_decay_start``: lr_g is constant until that share of the round cap, then falls linearly towards
     0 (never 0 on a round that steps); the optimiser steps with it; a crashed run resumes on the same schedule."""
@@ -615,7 +614,7 @@ def test_the_generator_lr_decays_linearly_after_its_start_and_resumes_the_same(m
     seen: list[float] = []
     adam_step = torch.optim.Adam.step
 
-    def record(self, *args, **kwargs):  # the generator's optimiser is the one with a single param group at lr_g scale
+    def record(self, *args, **kwargs):  # every Adam step's lr: the teachers' (lr_d) and the generator's (scheduled)
         seen.append(self.param_groups[0]["lr"])
         return adam_step(self, *args, **kwargs)
 
