@@ -270,7 +270,8 @@ def lr_decay(step: int, steps: int, start: float | None) -> float:
     None.
 
     A function of the round alone (not a ``torch.optim.lr_scheduler`` object), so a resumed run needs no scheduler
-    state to continue the same schedule.
+    state to continue the same schedule. ``method.steps`` may change on resume (``resume_free_keys``); the rounds left
+    then follow the schedule of the new cap.
     """
     if start is None:
         return 1.0
