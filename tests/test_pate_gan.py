@@ -13,7 +13,13 @@ import torch
 
 from dpsyn.data.base import Split
 from dpsyn.methods import METHODS, PrivacyBudget, RunContext, pate_gan
-from dpsyn.methods.pate_gan import binary_votes, student_labels, teacher_update, vote_cuts
+from dpsyn.methods.pate_gan import (
+    binary_votes,
+    ensemble_generator_loss,
+    student_labels,
+    teacher_update,
+    vote_cuts,
+)
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherEnsemble, TeacherPartitions
 from dpsyn.privacy import PrivacyLedger, pate_data_independent_epsilon
 from tests.conftest import RecordingBar, crash_on_call, run_context
@@ -281,6 +287,50 @@ def test_pate_gan_without_noise_at_eps_inf_and_config_errors(make_cfg) -> None:
                           ("method.s_hidden=[]", "method.s_hidden")):  # the schema's ranges, at compose time
         with pytest.raises(ConfigError, match=key):
             check_composed(make_cfg("method=pate_gan", override))
+
+
+# ---- README's PATE-GAN ladder: the first rung trains G on the teachers themselves (eps=inf only) -------------------
+
+
+def test_the_ensemble_loss_is_minus_the_log_of_the_teachers_mean_probability() -> None:
+    torch.manual_seed(0)
+    modules = [CondConvTeacher(num_classes=3, channels=1, resolution=28, ndf=2) for _ in range(4)]
+    ens = TeacherEnsemble.from_modules(modules, lr=1e-2)
+    fake = torch.rand(5, 1, 28, 28, requires_grad=True)
+    y = torch.randint(0, 3, (5,))
+    loss = ensemble_generator_loss(ens, fake, y)
+    probs = torch.stack([torch.sigmoid(m(fake, y)) for m in modules])  # (4, 5), each teacher as a plain module
+    assert loss.item() == pytest.approx(-torch.log(probs.mean(0)).mean().item(), rel=1e-5)
+    (grad,) = torch.autograd.grad(loss, fake)
+    assert grad.abs().sum() > 0  # a direction for G, from the teachers
+
+
+def _fit_generator(make_cfg, *overrides: str) -> torch.Tensor:
+    method = _method(make_cfg, _image_ctx(), *overrides)
+    method.fit(_image_split(), PrivacyBudget(math.inf, 1e-5), PrivacyLedger(target_epsilon=math.inf, delta=1e-5))
+    return _flat(method.G)
+
+
+def test_the_ladders_first_rung_steps_the_generator_on_the_teachers_not_the_student(make_cfg) -> None:
+    # with inf_signal=teachers G never reads the student: another student learning rate leaves G bit for bit the same,
+    # while under Algorithm 1 (inf_signal=student) the same change moves G
+    teachers = _fit_generator(make_cfg, "method.inf_signal=teachers")
+    assert torch.equal(teachers, _fit_generator(make_cfg, "method.inf_signal=teachers", "method.lr_s=5e-2"))
+    student = _fit_generator(make_cfg)
+    assert not torch.equal(student, _fit_generator(make_cfg, "method.lr_s=5e-2"))
+    assert not torch.equal(teachers, student)  # and the rung does change what G learns
+
+
+def test_the_ladders_first_rung_is_refused_for_private_runs(make_cfg) -> None:
+    method = _method(make_cfg, _image_ctx(), "method.inf_signal=teachers")
+    ledger = PrivacyLedger(target_epsilon=10.0, delta=1e-5)
+    with pytest.raises(ValueError, match="inf_signal=teachers.*not differentially private"):
+        method.fit(_image_split(), PrivacyBudget(10.0, 1e-5), ledger)
+    assert len(ledger.events) == 0  # refused before anything is recorded or trained
+    from dpsyn.cli.config_check import ConfigError, check_composed
+
+    with pytest.raises(ConfigError, match="method.inf_signal"):
+        check_composed(make_cfg("method=pate_gan", "method.inf_signal=oracle"))
 
 
 def test_the_progress_bar_shows_steps_epsilon_and_answered_share(make_cfg, monkeypatch) -> None:

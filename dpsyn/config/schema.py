@@ -262,6 +262,7 @@ class PATEGANSchema(PATENoiseSchema):
     teacher_steps: int = f(1, **POSITIVE)
     student_steps: int = f(1, **POSITIVE)
     vote_quantile: Optional[float] = f(None, gt=0, lt=1)
+    inf_signal: str = f("student", choices=("student", "teachers"))
     steps: int = f(500, **POSITIVE)
     bound: str = f("data_independent", choices=("data_independent", "data_dependent", "renyi_filter"))
     class_ratio_epsilon: float = f(0.01, **GT0)

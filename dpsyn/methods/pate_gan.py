@@ -32,6 +32,10 @@ step whose queries would take the ledger past the target, or at ``method.steps``
 are first released with the Laplace mechanism at ``method.class_ratio_epsilon`` (G-PATE's tabular protocol,
 :meth:`~dpsyn.methods.base.Method.release_class_proportions`) and generated labels are drawn from them; on images
 labels are uniform over the classes (a public choice). Non-private runs (eps=inf) use the plain argmax of the votes.
+
+README's PATE-GAN ladder (eps=inf): with ``method.inf_signal=teachers`` G is trained on the teacher ensemble itself
+(:func:`ensemble_generator_loss`) instead of the student, which locates where learning stops: the teachers carry
+class-conditional signal, the student trained on generated samples only does not pass it on.
 """
 
 from __future__ import annotations
@@ -183,6 +187,19 @@ def student_step(
     return float(loss.detach())
 
 
+def ensemble_generator_loss(ens: TeacherEnsemble, fake: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """G's non-saturating loss against the teacher ensemble itself: ``-log((1/N) sum_i sigmoid(D_i(G(z), y)))``,
+    averaged over the batch (the log of the ensemble's mean probability "real", computed in log space).
+
+    The first rung of README's PATE-GAN ladder (``method.inf_signal=teachers``, eps=inf only): G's gradient comes
+    from the teachers' outputs on its samples, with no student and no vote in between. That is not DP (each teacher
+    saw its private partition and G sees its gradient), so private runs refuse it.
+    """
+    logits = ens.forward_shared(fake, y)  # (N, b)
+    log_mean = torch.logsumexp(F.logsigmoid(logits), dim=0) - math.log(logits.shape[0])
+    return -log_mean.mean()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the method
 
@@ -218,6 +235,7 @@ class PATEGAN(Method):
         hp["teacher_hidden"] = int(cfg.get("teacher_hidden"))
         q = cfg.get("vote_quantile")
         hp["vote_quantile"] = None if q is None else float(q)
+        hp["inf_signal"] = str(cfg.get("inf_signal"))
         return hp
 
     # ---- building blocks ----------------------------------------------------------------------------------
@@ -271,6 +289,10 @@ class PATEGAN(Method):
         if n_rows < n_teachers:
             raise ValueError(f"method.teachers={n_teachers} exceeds the {n_rows} private examples (one row at least "
                              "each): lower method.teachers")
+        if budget.private and hp["inf_signal"] != "student":
+            raise ValueError(f"method.inf_signal={hp['inf_signal']} trains G on the teachers' own outputs, which are not "
+                             f"differentially private: it is a rung of the non-private ladder, for eps=inf only (this "
+                             f"run has eps={budget.epsilon}); private runs take method.inf_signal=student")
         torch.manual_seed(ctx.seed)  # initialisation of G, S and the teachers
         gen = torch.Generator().manual_seed(ctx.seed)  # latents, labels, teacher batches
         parts = TeacherPartitions(n_rows, n_teachers, generator=gen, shuffle=hp["shuffle"])
@@ -362,11 +384,14 @@ class PATEGAN(Method):
             # student: only the answered generated samples, with the teachers' labels
             for _ in range(hp["student_steps"]):
                 s_loss = student_step(S, opt_s, xq[answered], yq[answered], label[answered])
-            # generator: fool the student (non-saturating loss)
-            logits = S(fake, y)
-            g_loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits))
+            # generator: fool the student (non-saturating loss); the ladder's first rung: fool the teachers themselves
+            if hp["inf_signal"] == "teachers":
+                g_loss = ensemble_generator_loss(ens, fake, y)
+            else:
+                logits = S(fake, y)
+                g_loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits))
             opt_g.zero_grad(set_to_none=True)
-            g_loss.backward()
+            g_loss.backward(inputs=list(G.parameters()))  # only G's gradients (never into S or the teachers)
             opt_g.step()
             step += 1
             eps_now = ledger.epsilon() if event is not None else math.inf  # once a step: for the bar and the log
