@@ -308,6 +308,8 @@ def test_the_ensemble_loss_is_minus_the_log_of_the_teachers_mean_probability() -
 def _fit_generator(make_cfg, *overrides: str) -> torch.Tensor:
     method = _method(make_cfg, _image_ctx(), *overrides)
     method.fit(_image_split(), PrivacyBudget(math.inf, 1e-5), PrivacyLedger(target_epsilon=math.inf, delta=1e-5))
+    signal = "teachers" if "method.inf_signal=teachers" in overrides else "student"
+    assert method.sample(3).provenance["inf_signal"] == signal  # every result says which rung made it
     return _flat(method.G)
 
 

@@ -438,6 +438,7 @@ class PATEGAN(Method):
             "accountant": "confident-gnmax rdp (Papernot et al. 2018; dpsyn.privacy.pate)",
             "bound": self.hp["bound"],
             "teachers": self.hp["teachers"],
+            "inf_signal": self.hp["inf_signal"],  # teachers: the non-private ladder's rung 0, not PATE-GAN's student
             **{k: v for k, v in self.train_log.items() if k != "fit_s"},
         }
         return Samples(x, np.asarray(labels, dtype=np.int64), prov)
