@@ -212,7 +212,7 @@ def test_eps_inf_adds_no_noise_and_records_a_non_private_event(make_cfg, monkeyp
     ledger = PrivacyLedger(target_epsilon=math.inf, delta=1e-5)
     m.fit(_tiny(), PrivacyBudget(math.inf, 1e-5), ledger)
     assert math.isinf(ledger.epsilon()) and ledger.events[0].kind == "non_private"
-    assert seen == [{"clip": 0.3, "sigma": 0.0, "generator": None}] * 3
+    assert seen == [{"clip": 0.3, "sigma": 0.0, "generator": None, "basis": None}] * 3
     assert m.sample(7).x.shape == (7, 1, 28, 28)
 
 
@@ -252,7 +252,8 @@ def test_gs_wgan_config_errors_name_the_key() -> None:
 
     for override, key in (("method.critics=0", "method.critics"), ("method.clip=-1", "method.clip"),
                           ("method.ema=1", "method.ema"), ("method.drift=-0.1", "method.drift"),
-                          ("method.critic_steps=1.5", "method.critic_steps")):
+                          ("method.critic_steps=1.5", "method.critic_steps"),
+                          ("method.output_frequencies=0", "method.output_frequencies")):
         with pytest.raises(ConfigError, match=key):
             preflight(["method=gs_wgan", override])
 
@@ -382,3 +383,59 @@ def test_the_warm_start_charges_nothing_and_releases_no_critic(make_cfg, tmp_pat
     assert cold["sample_provenance"]["warm_start_iterations"] == 0
     assert "critics" not in gs_wgan.GSWGAN.fitted_attrs
     assert gs_wgan.GSWGAN.unreleased_checkpoint_keys[gs_wgan.CHECKPOINT] == ("critics",)
+
+
+def test_sanitising_in_a_basis_clips_and_noises_its_coefficients_only() -> None:
+    """With a basis the per-sample gradient is written as its low-frequency DCT coefficients (checked against
+    scipy's orthonormal DCT-II), clipped to C and noised there with std sigma C; the result lies in the basis' span,
+    so the noise has m^2 of the d dimensions."""
+    from scipy.fft import dctn
+
+    from dpsyn.nets.lowpass import dct_basis
+
+    m, clip, sigma = 5, 0.5, 1.3
+    basis = dct_basis((1, 28, 28), m)
+    grad = torch.randn(2000, 1, 28, 28, generator=torch.Generator().manual_seed(0)) * 5.0
+    want = torch.from_numpy(dctn(grad[:, 0].double().numpy(), axes=(1, 2), norm="ortho")[:, :m, :m].reshape(-1, m * m))
+    clean = sanitize(grad, clip=clip, sigma=0.0, generator=None, basis=basis)
+    coef = clean.flatten(1) @ basis
+    torch.testing.assert_close(coef.double(), clip_per_sample(want, clip), rtol=1e-4, atol=1e-6)
+    assert coef.norm(dim=1).max() <= clip * (1 + 1e-5)
+    noisy = sanitize(grad, clip=clip, sigma=sigma, generator=dp_generator(deterministic=True, seed=3), basis=basis)
+    flat = noisy.flatten(1)
+    assert (flat - (flat @ basis) @ basis.T).abs().max() < 1e-4  # nothing outside the span
+    noise = flat @ basis - coef
+    assert noise.std().item() == pytest.approx(sigma * clip, rel=0.02)
+    assert noise.square().sum(1).mean().item() == pytest.approx(m * m * (sigma * clip) ** 2, rel=0.02)
+    with pytest.raises(ValueError, match="basis of 784 rows"):
+        sanitize(torch.randn(3, 1, 8, 8), clip=1.0, sigma=0.0, generator=None, basis=basis)
+
+
+def test_output_frequencies_keeps_g_in_the_band_and_charges_the_same(make_cfg, monkeypatch) -> None:
+    """method.output_frequencies: G is the low-pass generator, every released gradient lies in the band, the
+    samples' logits too, and the ledger is the run's without it (the same sigma, rate and releases)."""
+    from dpsyn.methods import PrivacyBudget
+    from dpsyn.nets.lowpass import LowPassOutput, dct_basis
+
+    released = []
+    original = gs_wgan.generator_step
+    monkeypatch.setattr(gs_wgan, "generator_step", lambda *a, **kw: released.append(original(*a, **kw)) or released[-1])
+    ledgers = {}
+    for m in (None, 4):
+        over = () if m is None else (f"method.output_frequencies={m}",)
+        method = _method(make_cfg, *over)
+        ledgers[m] = PrivacyLedger(target_epsilon=2.0, delta=1e-5)
+        method.fit(_tiny(), PrivacyBudget(2.0, 1e-5), ledgers[m])
+    assert isinstance(method.G, LowPassOutput) and method.sample(5).provenance["output_frequencies"] == 4
+    basis = dct_basis((1, 28, 28), 4)
+    for r in released[3:]:  # the band run's 3 iterations
+        flat = r.flatten(1)
+        assert (flat - (flat @ basis) @ basis.T).abs().max() < 1e-4
+    assert any((r.flatten(1) - (r.flatten(1) @ basis) @ basis.T).abs().max() > 1e-2 for r in released[:3])
+    logits = torch.logit(torch.from_numpy(method.sample(20).x).double().clamp(1e-6, 1 - 1e-6)).flatten(1)
+    assert (logits - (logits @ basis.double()) @ basis.double().T).abs().max() < 1e-2
+    (plain,), (band,) = ledgers[None].events, ledgers[4].events
+    assert (band.noise_multiplier, band.sample_rate, band.steps) == (plain.noise_multiplier, plain.sample_rate,
+                                                                     plain.steps)
+    assert ledgers[4].epsilon() == ledgers[None].epsilon() and "4x4 lowest DCT frequencies" in band.label
+

@@ -77,6 +77,7 @@ from dpsyn.nets.ensemble import (
     TeacherEnsemble,
     TeacherPartitions,
 )
+from dpsyn.nets.lowpass import LowPassOutput, dct_basis
 from dpsyn.nets.mlp_gan import CondMLPGenerator
 from dpsyn.privacy import (
     NonPrivateEvent,
@@ -104,48 +105,6 @@ INF_AGGREGATES = {
 
 # ---------------------------------------------------------------------------------------------------------------
 # DPGradAgg (Algorithm 2), pure functions
-
-
-def dct_basis(shape: tuple[int, ...], frequencies: int) -> torch.Tensor:
-    """(d, C m^2) orthonormal columns: the ``m x m`` lowest 2-D DCT-II frequencies of each of the C channels of an
-    image of ``shape`` (C, H, W), ``m = frequencies``. Data-independent (a fixed low-pass basis)."""
-    c, h, w = (int(v) for v in shape)
-    if not 1 <= frequencies <= min(h, w):
-        raise ValueError(f"projection_frequencies must lie in [1, {min(h, w)}] for images of {h}x{w}, got {frequencies}")
-
-    def cosines(n: int) -> torch.Tensor:  # (m, n) orthonormal DCT-II rows
-        i = torch.arange(n, dtype=torch.float64)
-        f = torch.arange(frequencies, dtype=torch.float64)[:, None]
-        rows = torch.cos(math.pi * (i + 0.5) * f / n) * math.sqrt(2.0 / n)
-        rows[0] /= math.sqrt(2.0)
-        return rows
-
-    two_d = torch.einsum("ax,by->abxy", cosines(h), cosines(w)).reshape(frequencies**2, h * w)  # (m^2, h w)
-    basis = torch.block_diag(*([two_d] * c))  # (C m^2, C h w): channel by channel
-    return basis.T.contiguous().float()
-
-
-class LowPassOutput(nn.Module):
-    """A :class:`CondDCGANGenerator` whose logits (before its final sigmoid) are kept to the span of ``basis`` (d, m)
-    orthonormal columns (:func:`dct_basis`: the lowest 2-D DCT frequencies): ``sigmoid(basis basis^T logits)``. A fixed,
-    data-independent layer: the generator's output stays post-processing of what it learnt and costs no privacy;
-    the sigmoid keeps images in [0, 1] and lets a smooth logit draw a sharp edge.
-
-    Why (README, G-PATE): with ``projection=dct`` every vote lies in the low band, so nothing the teachers say ever
-    reaches the frequencies above it; the generator's upsampling fills them with a grid that no vote corrects."""
-
-    def __init__(self, generator: CondDCGANGenerator, basis: torch.Tensor) -> None:
-        super().__init__()
-        if not isinstance(getattr(generator, "net", [None])[-1], nn.Sigmoid):
-            raise TypeError("LowPassOutput expects a generator that ends with a sigmoid")
-        generator.net[-1] = nn.Identity()  # the logits; the sigmoid comes after the low-pass
-        self.generator = generator
-        self.register_buffer("basis", basis, persistent=False)
-
-    def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = self.generator(z, y)
-        flat = logits.flatten(1)
-        return torch.sigmoid((flat @ self.basis) @ self.basis.T).view_as(logits)
 
 
 def random_projections(

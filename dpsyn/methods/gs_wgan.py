@@ -49,6 +49,12 @@ The critics are :class:`dpsyn.nets.ensemble.CondConvTeacher` (no normalisation l
 stacked in a :class:`CriticBank` with their Adam states (K = 1000 small critics take a few tens of MB).
 Samples come from an exponential moving average of G (the authors' ``netGS``; ``method.ema``, 0 = G itself).
 Non-private runs (eps=inf) add no noise; the per-sample gradient is still clipped unless ``method.clip_at_inf=false``.
+
+Output low-pass (``method.output_frequencies=m``, a dpsyn departure, off in the authors' setting): G's output is kept
+to its m x m lowest 2-D DCT frequencies a channel (:class:`dpsyn.nets.lowpass.LowPassOutput`), and each per-sample
+gradient is sanitised in those m^2 coefficients instead of the d pixels (:func:`sanitize` with a basis): the clip and
+the sensitivity are the same, the noise keeps m^2 / d of its energy. The basis is fixed and data-independent, so the
+mechanism and its accounting are unchanged.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ from dpsyn.lit.ema import update_ema
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
+from dpsyn.nets.lowpass import LowPassOutput, dct_basis
 from dpsyn.privacy import (
     REPLACE_ONE_SENSITIVITY_FACTOR,
     NonPrivateEvent,
@@ -105,7 +112,8 @@ def clip_per_sample(grad: torch.Tensor, clip: float) -> torch.Tensor:
 
 
 def sanitize(
-    grad: torch.Tensor, *, clip: float | None, sigma: float, generator: torch.Generator | None
+    grad: torch.Tensor, *, clip: float | None, sigma: float, generator: torch.Generator | None,
+    basis: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GS-WGAN's gradient sanitisation of per-sample gradients: clip each to L2 norm ``clip``, add N(0, (sigma C)^2).
 
@@ -114,17 +122,29 @@ def sanitize(
         clip: C > 0, or None for no clipping (a non-private run only; then ``sigma`` must be 0).
         sigma: noise std in units of C; 0 adds no noise.
         generator: the DP noise generator (:func:`dpsyn.privacy.dp_generator`); required when ``sigma > 0``.
+        basis: None, or (d, m) orthonormal columns (:func:`dpsyn.nets.lowpass.dct_basis`), d the size of one row.
+            Each row is first written as its m coefficients in the basis; the clip and the noise act on those, and
+            the result is mapped back, so every row lies in the basis' span. It is the same Gaussian mechanism on an
+            m-vector of norm at most C (sensitivity 2C), so the accounting does not change, while the noise keeps m
+            of its d dimensions (``method.output_frequencies``: the generator draws nothing outside the span).
 
     Returns:
         (b, ...) the sanitised gradients.
 
     Raises:
-        ValueError: noise without a clip bound or without a generator, or a negative sigma.
+        ValueError: noise without a clip bound or without a generator, a negative sigma, or a basis whose rows do
+            not match the gradient's.
     """
     if sigma < 0:
         raise ValueError(f"sigma must be >= 0, got {sigma}")
     if sigma > 0 and (clip is None or generator is None):
         raise ValueError("noise needs a clip bound and a DP generator")
+    if basis is not None:
+        flat = grad.flatten(1)
+        if basis.shape[0] != flat.shape[1]:
+            raise ValueError(f"a basis of {basis.shape[0]} rows for gradients of {flat.shape[1]} entries")
+        coef = sanitize(flat @ basis, clip=clip, sigma=sigma, generator=generator)
+        return (coef @ basis.T).view_as(grad)
     out = grad if clip is None else clip_per_sample(grad, clip)
     if sigma > 0:
         out = gaussian_mechanism(out, sigma * clip, generator=generator)
@@ -146,10 +166,11 @@ def gs_wgan_sigma(
 
 def generator_step(
     G: nn.Module, critic: nn.Module, *, z: torch.Tensor, y: torch.Tensor, clip: float | None, sigma: float,
-    generator: torch.Generator | None,
+    generator: torch.Generator | None, basis: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Forward x = G(z, y), backward ``-mean_j critic(x_j, y_j)`` with the gradient into x sanitised: fills G's
-    ``.grad`` (accumulating, as ``backward`` does); the critic's parameters get no gradient.
+    ``.grad`` (accumulating, as ``backward`` does); the critic's parameters get no gradient. With ``basis`` the
+    sanitisation acts in the basis' coefficients (:func:`sanitize`).
 
     The hook sees the gradient of the batch-mean loss, -(1/b) dD(x_j)/dx_j per row; it sanitises the per-sample
     gradient -dD(x_j)/dx_j of the loss -D(x_j) (:func:`sanitize`) and passes on its batch mean, 1/b of it (the
@@ -165,7 +186,7 @@ def generator_step(
     released: list[torch.Tensor] = []
 
     def hook(g: torch.Tensor) -> torch.Tensor:
-        out = sanitize(g * b, clip=clip, sigma=sigma, generator=generator)
+        out = sanitize(g * b, clip=clip, sigma=sigma, generator=generator, basis=basis)
         released.append(out.detach())
         return out / b
 
@@ -388,6 +409,8 @@ class GSWGAN(Method):
             hp[key] = float(cfg.get(key))
         for key in ("clip_at_inf", "shuffle_partitions"):
             hp[key] = bool(cfg.get(key))
+        m = cfg.get("output_frequencies")
+        hp["output_frequencies"] = None if m is None else int(m)
         return hp
 
     def _fingerprint(self, budget: PrivacyBudget, iterations: int, sigma: float) -> dict[str, Any]:
@@ -399,8 +422,11 @@ class GSWGAN(Method):
         """A fresh generator of the run's shape: the main G (its EMA is released) and each critic's throw-away
         warm-start generator; ``snapshot_eval.py`` rebuilds checkpoints with it."""
         hp, ctx = self.hp, self.ctx
-        return CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=ctx.shape[0],
-                                  resolution=ctx.shape[1], ngf=hp["ngf"])
+        g = CondDCGANGenerator(z_dim=hp["z_dim"], num_classes=ctx.num_classes, channels=ctx.shape[0],
+                               resolution=ctx.shape[1], ngf=hp["ngf"])
+        if hp["output_frequencies"] is None:
+            return g
+        return LowPassOutput(g, dct_basis(ctx.shape, hp["output_frequencies"]))
 
     def fit(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
@@ -435,6 +461,8 @@ class GSWGAN(Method):
             K, lr=hp["lr_d"], betas=(hp["beta1"], hp["beta2"]), device=device,
         )
         opt_g = torch.optim.Adam(G.parameters(), lr=hp["lr_g"], betas=(hp["beta1"], hp["beta2"]))
+        # output_frequencies: G draws only in the band, so the gradient is sanitised in its coefficients
+        basis = None if hp["output_frequencies"] is None else dct_basis(ctx.shape, hp["output_frequencies"]).to(device)
         x_all = torch.from_numpy(np.ascontiguousarray(private.x, dtype=np.float32)).to(device)
         y_all = torch.from_numpy(private.y.astype(np.int64)).to(device)
         if budget.private:
@@ -468,11 +496,13 @@ class GSWGAN(Method):
                      start, released)
         elif budget.private:
             # one event, added before the first release and grown before each one: a crash leaves it complete
+            m = hp["output_frequencies"]
+            band = "" if m is None else f", in the {m}x{m} lowest DCT frequencies a channel"
             event_id = ledger.add(SampledGaussianEvent(
                 noise_multiplier=sigma / SENSITIVITY_FACTOR, sample_rate=1.0 / K, steps=released,
                 accountant=ctx.accountant,
                 label=f"gs_wgan sanitised generator gradients (clip {hp['clip']:g}, noise std {sigma:.4g} C, "
-                      f"sensitivity 2C, {K} critics; {SAMPLING_NOTE})",
+                      f"sensitivity 2C, {K} critics{band}; {SAMPLING_NOTE})",
             ))
         else:
             event_id = None
@@ -507,7 +537,7 @@ class GSWGAN(Method):
                 ledger.record_steps(event_id, b)  # charged before the sanitised gradients are used
             released += b
             opt_g.zero_grad(set_to_none=True)
-            generator_step(G, critic, z=z, y=y, clip=clip, sigma=sigma, generator=dp_gen)
+            generator_step(G, critic, z=z, y=y, clip=clip, sigma=sigma, generator=dp_gen, basis=basis)
             opt_g.step()
             update_ema(G_ema, G, step=it, max_decay=hp["ema"], warmup="mean")
             it += 1
@@ -566,6 +596,7 @@ class GSWGAN(Method):
             "warm_start": f"{self.train_log.get('warm_start_iterations', 0)} non-private iterations per critic "
                           "(authors: 2000; not charged: the critics are not released)",
             "generator": "EMA of G" if self.hp["ema"] > 0 else "G",
+            "output_frequencies": self.hp["output_frequencies"],
             **{k: v for k, v in self.train_log.items() if k != "fit_s"},
         }
         return Samples(x, labels, prov)
