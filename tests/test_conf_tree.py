@@ -71,6 +71,10 @@ def test_gs_wgan_paper_profile_holds_the_authors_setting(make_cfg) -> None:
     assert (paper.beta1, paper.beta2, paper.ema) == (0.5, 0.9, 0.999)
     embedded = make_cfg("experiment=long2021_table1", "method=gs_wgan").method
     assert (embedded.critics, embedded.warm_start_iterations, embedded.iterations) == (100, 50, 1000)
+    # on fmnist the authors' and DPImageBench's profiles keep the authors' generator and clip, not the embedded band
+    for experiment in ("long2021_table1_paper", "dpimagebench_fmnist_dib"):
+        m = make_cfg(f"experiment={experiment}", "method=gs_wgan", "dataset=fmnist", "eps=10").method
+        assert (m.critics, m.output_frequencies, m.clip) == (1000, None, 1.0), experiment
 
 
 @pytest.mark.parametrize("dataset", ["cifar10", "pets", "cars", "birds"])
