@@ -208,7 +208,7 @@ def test_eps_inf_adds_no_noise_and_records_a_non_private_event(make_cfg, monkeyp
     seen = []
     original = gs_wgan.sanitize
     monkeypatch.setattr(gs_wgan, "sanitize", lambda g, **kw: seen.append(kw) or original(g, **kw))
-    m = _method(make_cfg, "method.clip=0.3")
+    m = _method(make_cfg, "eps=inf", "method.clip=0.3")
     ledger = PrivacyLedger(target_epsilon=math.inf, delta=1e-5)
     m.fit(_tiny(), PrivacyBudget(math.inf, 1e-5), ledger)
     assert math.isinf(ledger.epsilon()) and ledger.events[0].kind == "non_private"
@@ -242,8 +242,10 @@ def test_gs_wgan_runs_end_to_end_and_resumes_without_charging_twice(make_cfg, tm
     assert result["sample_provenance"]["iterations"] == 5 and result["n_samples"] == 50
     assert PrivacyLedger.load(tmp_path / "run" / "privacy.json").epsilon() == pytest.approx(result["epsilon_spent"])
     (tmp_path / "run" / "checkpoints" / "fitted.pt").unlink()  # the method's own check (checkpoints/fitted.pt would refuse first)
+    with pytest.raises(ValueError, match="holds no critics"):  # a finished run drops its critics (unreleased)
+        run(make_cfg(*over), tmp_path / "run")
     with pytest.raises(ValueError, match="resume with the same config"):
-        run(make_cfg(*over, "method.clip=0.5"), tmp_path / "run")
+        run(make_cfg(*over, "method.clip=0.25"), tmp_path / "run")
 
 
 def test_gs_wgan_config_errors_name_the_key() -> None:
@@ -258,12 +260,16 @@ def test_gs_wgan_config_errors_name_the_key() -> None:
             preflight(["method=gs_wgan", override])
 
 
-@pytest.mark.parametrize(("dataset", "eps", "want"), [("fmnist", "inf", 10), ("fmnist", "10", 100),
-                                                      ("fmnist", "1", 100), ("digits", "inf", 100)])
-def test_fmnist_takes_ten_critics_without_noise_only(make_cfg, dataset, eps, want) -> None:
-    """fmnist's eps=inf runs take 10 critics, chosen on the validation split (gs_wgan_fmnist.yaml); its private runs,
-    where fewer critics mean more noise per release, and the other datasets keep the embedded 100."""
-    assert make_cfg("method=gs_wgan", f"dataset={dataset}", f"eps={eps}").method.critics == want
+@pytest.mark.parametrize(("dataset", "eps", "want"), [
+    ("fmnist", "inf", (10, None, 1.0)), ("fmnist", "10", (100, 7, 0.5)), ("fmnist", "1", (100, 7, 0.5)),
+    ("digits", "inf", (100, None, 1.0)), ("digits", "10", (100, None, 1.0)),
+])
+def test_fmnist_takes_ten_critics_without_noise_and_the_band_with_it(make_cfg, dataset, eps, want) -> None:
+    """fmnist's eps=inf runs take 10 critics, its private runs 100 critics (fewer mean more noise per release), the
+    7x7 band and the clip 0.5, each chosen on the validation split (gs_wgan_fmnist.yaml); other datasets keep the
+    embedded defaults."""
+    m = make_cfg("method=gs_wgan", f"dataset={dataset}", f"eps={eps}").method
+    assert (m.critics, m.output_frequencies, m.clip) == want
 
 
 def test_a_private_run_publishes_neither_the_critic_drawn_nor_its_w_estimate(make_cfg, tmp_path, caplog) -> None:

@@ -482,7 +482,11 @@ class GSWGAN(Method):
             G.load_state_dict(state["G"])
             G_ema.load_state_dict(state["G_ema"])
             opt_g.load_state_dict(state["opt_g"])
-            bank.load_state_dict(state["critics"])
+            if "critics" in state:
+                bank.load_state_dict(state["critics"])
+            elif start < iterations:  # the critics are dropped from a finished run's checkpoint (unreleased)
+                raise ValueError(f"{ckpt.path} holds no critics and stopped at iteration {start} of {iterations}; "
+                                 "start a new run directory")
             parts.load_state_dict(state["partitions"])
             gen.set_state(state["gen"])
             if ctx.deterministic_noise or not budget.private:
