@@ -47,8 +47,8 @@ class LowPassOutput(nn.Module):
 
     Why (README, paper 002): in G-PATE with ``projection=dct`` every vote lies in the low band, so nothing the
     teachers say ever reaches the frequencies above it, and the generator's upsampling fills them with a grid that no
-    vote corrects. In GS-WGAN the sanitised gradient is noise in every frequency the generator can draw: keeping
-    the output to m^2 of the d frequencies leaves the per-sample noise m^2 / d of its energy."""
+    vote corrects. In GS-WGAN the gradient into the generator is then sanitised in the band's m^2 coefficients
+    (:func:`dpsyn.methods.gs_wgan.sanitize` with a basis), so the per-sample noise keeps m^2 / d of its energy."""
 
     def __init__(self, generator: CondDCGANGenerator, basis: torch.Tensor) -> None:
         super().__init__()
