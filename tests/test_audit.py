@@ -125,6 +125,7 @@ def _half_noise_doubles() -> dict[str, tuple]:
         "gnmax_argmax": (privacy, "confident_gnmax", {"sigma_threshold": 0.5, "sigma": 0.5}),
         "g_pate_dpgradagg": (g_pate, "dp_grad_agg", {"sigma_threshold": 0.5, "sigma": 0.5}),
         "gs_wgan_sanitize": (gs_wgan, "sanitize", {"sigma": 0.5}),
+        "gs_wgan_sanitize_band": (gs_wgan, "sanitize", {"sigma": 0.5}),
         "laplace_class_counts": (privacy, "dp_class_counts", {"epsilon": 2.0}),  # half the Laplace scale
         "private_tuning_score": (private_tuning, "noised_count", {"noise_multiplier": 0.5}),
     }
@@ -144,7 +145,8 @@ def test_dp_mepf_double_halves_the_positional_sigma(monkeypatch: pytest.MonkeyPa
 # double is caught on every seed tried (1-4), not only the one pinned here; measured margins (lower / claimed) in
 # the closing note of issue 15. dpsgd_step (the slowest: 3 Opacus steps per 512 trials) at 1M: its three rows
 # caught on seeds 1-8, lower / claimed >= 1.15 (seed 1, the one pinned: 1.54, 1.36, 1.15; 2M gave >= 1.26 on 1-4)
-DOUBLE_TRIALS = {"gs_wgan_sanitize": 2_000_000, "laplace_class_counts": 2_000_000, "dpsgd_step": 1_000_000,
+DOUBLE_TRIALS = {"gs_wgan_sanitize": 2_000_000, "gs_wgan_sanitize_band": 2_000_000,
+                 "laplace_class_counts": 2_000_000, "dpsgd_step": 1_000_000,
                  "g_pate_dpgradagg": 2_000_000, "gnmax_threshold": 4_000_000, "gnmax_argmax": 4_000_000}
 
 
@@ -220,7 +222,7 @@ def test_default_audit_passes_and_is_tight_for_the_gaussian_mechanisms(tmp_path:
     rows = {r["mechanism"]: r for r in json.loads(audit_json.read_text())["rows"]}
     assert set(rows) == set(MECHANISMS)
     for name in ("dpsgd_step", "dpsgd_empty_batch", "dpsgd_split_step", "dp_mge_analytic", "pe_histogram",
-                 "gs_wgan_sanitize"):
+                 "gs_wgan_sanitize", "gs_wgan_sanitize_band"):
         assert rows[name]["eps_lower"] >= 0.5 * rows[name]["eps_claimed"], rows[name]
 
 

@@ -405,6 +405,35 @@ def _gs_wgan(eps: float, delta: float, trials: int, noise: NoiseSource, *, accou
     return Scores(out0, out1, claimed, {"sigma": sigma, "clip": clip, "accountant": accountant})
 
 
+def _gs_wgan_band(eps: float, delta: float, trials: int, noise: NoiseSource, *, accountant: str = "rdp") -> Scores:
+    """GS-WGAN's sanitizer in a band (``method.output_frequencies``: :func:`dpsyn.methods.gs_wgan.sanitize` with a
+    basis: the gradient written as its low DCT coefficients, clipped to C and noised there, mapped back), charged as
+    without the band. Images of 4x4 pixels and their 2x2 lowest frequencies; neighbours: the critic's gradient is
+    +3C along the first basis image on D1, -3C on D0 (clipped: distance 2C). Score: the output's coefficient on that
+    basis image."""
+    import torch
+
+    from dpsyn.methods import gs_wgan
+    from dpsyn.nets.lowpass import dct_basis
+    from dpsyn.privacy import SampledGaussianEvent, dpsgd_noise_multiplier
+
+    nm = dpsgd_noise_multiplier(epsilon=eps, delta=delta, sample_rate=1.0, steps=1, accountant=accountant)
+    sigma = nm * gs_wgan.SENSITIVITY_FACTOR
+    claimed = _claimed(SampledGaussianEvent(noise_multiplier=sigma / gs_wgan.SENSITIVITY_FACTOR, sample_rate=1.0,
+                                            steps=1, accountant=accountant, label="audit: one sanitised gradient"),
+                       delta=delta)
+    gen, clip = noise.torch(), 1.0
+    basis = dct_basis((1, 4, 4), 2)
+    first = basis[:, 0]
+    scores = []
+    for sign in (-1.0, 1.0):
+        grad = (sign * 3.0 * clip * first).expand(trials, -1).reshape(trials, 1, 4, 4)
+        out = gs_wgan.sanitize(grad, clip=clip, sigma=sigma, generator=gen, basis=basis)
+        scores.append((out.flatten(1) @ first).double().numpy())
+    return Scores(scores[0], scores[1], claimed, {"sigma": sigma, "clip": clip, "accountant": accountant,
+                                                  "band": "2x2 of 4x4"})
+
+
 def _laplace(eps: float, delta: float, trials: int, noise: NoiseSource) -> Scores:
     """The class-ratio release (:func:`dpsyn.privacy.dp_class_counts`, what ``Method.release_class_proportions``
     draws), charged as ``ApproxDPEvent(eps, 0)``: one canary row in half of the classes."""
@@ -451,6 +480,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("gnmax_argmax", "Confident-GNMax noisy argmax", lambda *a: _gnmax(*a, part="argmax")),
     Mechanism("g_pate_dpgradagg", "G-PATE DPGradAgg", _g_pate),
     Mechanism("gs_wgan_sanitize", "GS-WGAN gradient sanitizer", _gs_wgan),
+    Mechanism("gs_wgan_sanitize_band", "GS-WGAN gradient sanitizer in the DCT band (output_frequencies)",
+              _gs_wgan_band),
     Mechanism("laplace_class_counts", "Laplace class-ratio release (g_pate, pate_gan, dp_gan on tables)",
               _laplace),
     Mechanism("private_tuning_score", "private tuning's DP score (noised count of correct validation rows)",

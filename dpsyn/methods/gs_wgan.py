@@ -139,16 +139,16 @@ def sanitize(
         raise ValueError(f"sigma must be >= 0, got {sigma}")
     if sigma > 0 and (clip is None or generator is None):
         raise ValueError("noise needs a clip bound and a DP generator")
-    if basis is not None:
-        flat = grad.flatten(1)
-        if basis.shape[0] != flat.shape[1]:
-            raise ValueError(f"a basis of {basis.shape[0]} rows for gradients of {flat.shape[1]} entries")
-        coef = sanitize(flat @ basis, clip=clip, sigma=sigma, generator=generator)
-        return (coef @ basis.T).view_as(grad)
-    out = grad if clip is None else clip_per_sample(grad, clip)
+    work = grad
+    if basis is not None:  # the rows' coefficients in the basis
+        work = grad.flatten(1)
+        if basis.shape[0] != work.shape[1]:
+            raise ValueError(f"a basis of {basis.shape[0]} rows for gradients of {work.shape[1]} entries")
+        work = work @ basis
+    out = work if clip is None else clip_per_sample(work, clip)
     if sigma > 0:
         out = gaussian_mechanism(out, sigma * clip, generator=generator)
-    return out
+    return out if basis is None else (out @ basis.T).view_as(grad)
 
 
 def gs_wgan_sigma(
