@@ -383,13 +383,9 @@ def _g_pate(eps: float, delta: float, trials: int, noise: NoiseSource, *, arms: 
                                             "bound": "data_independent"})
 
 
-def _gs_wgan(eps: float, delta: float, trials: int, noise: NoiseSource, *, accountant: str = "rdp") -> Scores:
-    """GS-WGAN's gradient sanitizer (:func:`dpsyn.methods.gs_wgan.sanitize`: clip each per-sample gradient to C, add
-    N(0, (sigma C)^2)), charged as gs_wgan charges it, a sampled-Gaussian event of noise multiplier sigma / 2
-    (sensitivity 2C), here at sampling rate 1 (the critic holding the canary is the one drawn). Neighbours: the
-    critic's gradient into a fake is +C e on D1, -C e on D0 (the worst case: distance 2C)."""
-    import torch
-
+def _gs_wgan_claim(eps: float, delta: float, accountant: str) -> tuple[float, float]:
+    """GS-WGAN's sigma (in units of C) for one release at eps, and the epsilon claimed for it, charged as gs_wgan
+    charges it: a sampled-Gaussian event of noise multiplier sigma / 2 (sensitivity 2C) at sampling rate 1."""
     from dpsyn.methods import gs_wgan
     from dpsyn.privacy import SampledGaussianEvent, dpsgd_noise_multiplier
 
@@ -398,6 +394,19 @@ def _gs_wgan(eps: float, delta: float, trials: int, noise: NoiseSource, *, accou
     claimed = _claimed(SampledGaussianEvent(noise_multiplier=sigma / gs_wgan.SENSITIVITY_FACTOR, sample_rate=1.0,
                                             steps=1, accountant=accountant, label="audit: one sanitised gradient"),
                        delta=delta)
+    return sigma, claimed
+
+
+def _gs_wgan(eps: float, delta: float, trials: int, noise: NoiseSource, *, accountant: str = "rdp") -> Scores:
+    """GS-WGAN's gradient sanitizer (:func:`dpsyn.methods.gs_wgan.sanitize`: clip each per-sample gradient to C, add
+    N(0, (sigma C)^2)), charged as gs_wgan charges it, a sampled-Gaussian event of noise multiplier sigma / 2
+    (sensitivity 2C), here at sampling rate 1 (the critic holding the canary is the one drawn). Neighbours: the
+    critic's gradient into a fake is +C e on D1, -C e on D0 (the worst case: distance 2C)."""
+    import torch
+
+    from dpsyn.methods import gs_wgan
+
+    sigma, claimed = _gs_wgan_claim(eps, delta, accountant)
     gen, clip = noise.torch(), 1.0
     grad = torch.full((trials, 1), 3.0 * clip)  # norm 3C, clipped to C
     out1 = gs_wgan.sanitize(grad, clip=clip, sigma=sigma, generator=gen)[:, 0].double().numpy()
@@ -415,13 +424,8 @@ def _gs_wgan_band(eps: float, delta: float, trials: int, noise: NoiseSource, *, 
 
     from dpsyn.methods import gs_wgan
     from dpsyn.nets.lowpass import dct_basis
-    from dpsyn.privacy import SampledGaussianEvent, dpsgd_noise_multiplier
 
-    nm = dpsgd_noise_multiplier(epsilon=eps, delta=delta, sample_rate=1.0, steps=1, accountant=accountant)
-    sigma = nm * gs_wgan.SENSITIVITY_FACTOR
-    claimed = _claimed(SampledGaussianEvent(noise_multiplier=sigma / gs_wgan.SENSITIVITY_FACTOR, sample_rate=1.0,
-                                            steps=1, accountant=accountant, label="audit: one sanitised gradient"),
-                       delta=delta)
+    sigma, claimed = _gs_wgan_claim(eps, delta, accountant)
     gen, clip = noise.torch(), 1.0
     basis = dct_basis((1, 4, 4), 2)
     first = basis[:, 0]
