@@ -461,8 +461,8 @@ class GSWGAN(Method):
             K, lr=hp["lr_d"], betas=(hp["beta1"], hp["beta2"]), device=device,
         )
         opt_g = torch.optim.Adam(G.parameters(), lr=hp["lr_g"], betas=(hp["beta1"], hp["beta2"]))
-        # output_frequencies: G draws only in the band, so the gradient is sanitised in its coefficients
-        basis = None if hp["output_frequencies"] is None else dct_basis(ctx.shape, hp["output_frequencies"]).to(device)
+        # output_frequencies: G draws only in its band, so the gradient is sanitised in the band's coefficients
+        basis = G.basis if isinstance(G, LowPassOutput) else None
         x_all = torch.from_numpy(np.ascontiguousarray(private.x, dtype=np.float32)).to(device)
         y_all = torch.from_numpy(private.y.astype(np.int64)).to(device)
         if budget.private:
