@@ -44,6 +44,7 @@ bench:
 	$(BIN)/python benchmarks/metrics_fidelity.py
 	$(BIN)/python benchmarks/pe_histogram.py
 	$(BIN)/python benchmarks/teachers.py
+	$(BIN)/python benchmarks/gs_wgan_warm_start.py
 
 # One short check of every method, paper profile and speed ratio on a GPU (benchmarks/gpu_check.py; exits 3 without
 # CUDA). Writes gpu-check.json/.md into $OUT or here. A GPU machine without a venv uses its own python3.

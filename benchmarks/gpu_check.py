@@ -25,7 +25,8 @@ Checks, in order:
   every teacher's input gradients, one generator forward/backward), ``paper/gs_wgan_1000_critics`` (run last,
   after the ratios: long2021_table1_paper and the dib profile: GS-WGAN's 1000 critics at width 64 on the device, 20
   warm-start and 20 main iterations timed, and the hours the 2M warm-start iterations and the 20000 iterations would
-  take at that pace), ``paper/wu2023_swav_32px`` and
+  take at that pace; the warm start also with the profile's ``method.warm_start_chunk`` critics a vmap call, its
+  speed-up over one at a time and its hours), ``paper/wu2023_swav_32px`` and
   ``paper/wu2023_swav_128px`` (wu2023_table1_paper: the SwAV ResNet-50 adapter loading a stand-in checkpoint of
   SwAV's layout, random weights with DataParallel's ``module.`` prefix, then encoding a batch of CIFAR-10-sized
   32 px and Pet/Car/Bird-sized 128 px images resized to the configured 224 px; IC-GAN's BigGAN generator needs
@@ -637,6 +638,18 @@ def paper_gs_wgan_check(env: Env) -> dict[str, Any]:
                            betas=betas, progress=True, **common)
         _sync(env.device)
         out["warm_start_iteration_s"] = (time.perf_counter() - t0) / iters
+        # the profile's method.warm_start_chunk: that many critics a vmap call (the same critics, tested on CPU)
+        chunk = min(k, int(m.warm_start_chunk))
+        together = bank_of(chunk)
+        _sync(env.device)
+        t0 = time.perf_counter()
+        gs_wgan.warm_start(together, parts, x=x, y=y, make_generator=make_generator, iterations=iters,
+                           critic_steps=int(m.critic_steps), batch=b, num_classes=10, lr_g=float(m.lr_g),
+                           betas=betas, progress=True, chunk=chunk, **common)
+        _sync(env.device)
+        out["warm_start_chunk"] = chunk
+        out["warm_start_chunked_iteration_s"] = (time.perf_counter() - t0) / (iters * chunk)  # per critic-iteration
+        out["warm_start_chunk_speedup"] = out["warm_start_iteration_s"] / out["warm_start_chunked_iteration_s"]
         G = make_generator().to(dev)
         sigma = gs_wgan.gs_wgan_sigma(epsilon=1.0, delta=float(cfg.privacy.delta), critics=paper_k,
                                       iterations=int(m.iterations), batch_size=int(m.batch_size), accountant="rdp")
@@ -653,6 +666,8 @@ def paper_gs_wgan_check(env: Env) -> dict[str, Any]:
         out["iteration_s"] = (time.perf_counter() - t0) / iters
     out["sigma"] = sigma
     out["warm_start_estimate_h"] = out["warm_start_iteration_s"] * paper_k * int(m.warm_start_iterations) / 3600
+    out["warm_start_chunked_estimate_h"] = (out["warm_start_chunked_iteration_s"] * paper_k
+                                            * int(m.warm_start_iterations) / 3600)
     out["main_estimate_h"] = out["iteration_s"] * int(m.iterations) / 3600
     failures = []
     if tuple(released.shape) != (int(m.batch_size), *shape) or not torch.isfinite(released).all():

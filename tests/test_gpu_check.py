@@ -73,6 +73,12 @@ def test_cpu_mode_writes_an_entry_for_every_check(tmp_path: Path) -> None:
     assert (gsw["paper_critics"], gsw["critics_built"], gsw["ndf"], gsw["warm_start_iterations"]) == (1000, 4, 64, 2000)
     assert gsw["warm_start_iteration_s"] > 0 and gsw["iteration_s"] > 0 and gsw["sigma"] > 0
     assert gsw["warm_start_estimate_h"] == pytest.approx(gsw["warm_start_iteration_s"] * 1000 * 2000 / 3600)
+    # the profile's 100 critics a vmap call, capped at the critics built
+    assert gsw["warm_start_chunk"] == 4 and gsw["warm_start_chunked_iteration_s"] > 0
+    assert gsw["warm_start_chunk_speedup"] == pytest.approx(gsw["warm_start_iteration_s"]
+                                                            / gsw["warm_start_chunked_iteration_s"])
+    assert gsw["warm_start_chunked_estimate_h"] == pytest.approx(gsw["warm_start_chunked_iteration_s"] * 1000 * 2000
+                                                                 / 3600)
     assert checks["ratio/teachers_vmap_vs_loop"]["measured"]["train_x"] > 0
     dpsgd = checks["ratio/dpsgd_vs_plain"]["measured"]
     assert dpsgd["default"] == "paired/fused" and dpsgd["paired/fused"] > 0 and dpsgd["split/hooks"] > 0

@@ -255,7 +255,8 @@ def test_gs_wgan_config_errors_name_the_key() -> None:
     for override, key in (("method.critics=0", "method.critics"), ("method.clip=-1", "method.clip"),
                           ("method.ema=1", "method.ema"), ("method.drift=-0.1", "method.drift"),
                           ("method.critic_steps=1.5", "method.critic_steps"),
-                          ("method.output_frequencies=0", "method.output_frequencies")):
+                          ("method.output_frequencies=0", "method.output_frequencies"),
+                          ("method.warm_start_chunk=0", "method.warm_start_chunk")):
         with pytest.raises(ConfigError, match=key):
             preflight(["method=gs_wgan", override])
 
@@ -324,16 +325,18 @@ def test_the_warm_start_trains_every_critic_on_its_own_partition_and_resets_thei
     assert all(float(t.abs().sum()) == 0.0 for t in (*bank.exp_avg.values(), *bank.exp_avg_sq.values()))
 
 
-def test_a_warm_started_critic_depends_on_its_own_partition_only() -> None:
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_a_warm_started_critic_depends_on_its_own_partition_only(chunk: int) -> None:
     """Changing the rows of partition 3 changes critic 3 after the warm start and leaves the others bit for bit the
-    same. DPImageBench's GS-WGAN (@565f8d7 models/gs_wgan.py:402-404) loads every critic from the last critic's warm
-    start, so a row of that partition reaches every critic and the 1/K sampling of the accountant fails for it."""
+    same, also when the four critics warm up in one vmap call (chunk 4). DPImageBench's GS-WGAN (@565f8d7
+    models/gs_wgan.py:402-404) loads every critic from the last critic's warm start, so a row of that partition
+    reaches every critic and the 1/K sampling of the accountant fails for it."""
     def warmed(x_all: torch.Tensor, y_all: torch.Tensor, parts: TeacherPartitions) -> list[torch.Tensor]:
         torch.manual_seed(1)
         bank = CriticBank(_critic, 4, lr=1e-2, betas=(0.5, 0.9))
         gs_wgan.warm_start(bank, parts, x=x_all, y=y_all, make_generator=_gen, iterations=3, critic_steps=2, batch=4,
                            z_dim=8, num_classes=3, gp_weight=10.0, drift=1e-3, lr_g=1e-3, betas=(0.5, 0.9),
-                           generator=torch.Generator().manual_seed(0), progress=True)
+                           generator=torch.Generator().manual_seed(0), chunk=chunk, progress=True)
         return [bank.flat(i) for i in range(4)]
 
     torch.manual_seed(0)
@@ -346,6 +349,73 @@ def test_a_warm_started_critic_depends_on_its_own_partition_only() -> None:
     assert all(torch.equal(before[k], after[k]) for k in range(3))
     assert not torch.equal(before[3], after[3])
     assert not any(torch.equal(before[i], before[j]) for i in range(4) for j in range(i + 1, 4))  # no shared start
+
+
+def test_critics_warmed_up_together_get_what_each_ones_own_loop_gives() -> None:
+    """warm_start with chunk > 1 stacks the critics and their throw-away generators (BatchNorm and G's low-pass
+    included) and runs each step as one vmap call: every critic ends where its own one-at-a-time loop ends (up to
+    float rounding), whatever the chunk, and the Adams are reset as before. A chunk that mixed the critics' losses,
+    draws or generators would move them elsewhere. In float64: in float32 Adam amplifies the rounding of the
+    batched kernels (to about 1e-5 here, 7e-4 at the embedded sizes), so a tight tolerance would depend on the CPU."""
+    from dpsyn.nets.lowpass import LowPassOutput, dct_basis
+
+    def gen() -> torch.nn.Module:
+        return LowPassOutput(_gen(), dct_basis((1, 28, 28), 7).double())
+
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        _check_chunks_against_the_loop(gen)
+    finally:
+        torch.set_default_dtype(dtype)
+
+
+def _check_chunks_against_the_loop(gen) -> None:
+    torch.manual_seed(0)
+    x_all, y_all = torch.rand(50, 1, 28, 28), torch.randint(0, 3, (50,))
+    parts = TeacherPartitions(50, 5, generator=torch.Generator().manual_seed(0))
+    out = {}
+    for chunk in (1, 2, 5):
+        torch.manual_seed(1)
+        bank = CriticBank(_critic, 5, lr=1e-2, betas=(0.5, 0.9))
+        init = [bank.flat(k) for k in range(5)]
+        gs_wgan.warm_start(bank, parts, x=x_all, y=y_all, make_generator=gen, iterations=3, critic_steps=2, batch=4,
+                           z_dim=8, num_classes=3, gp_weight=10.0, drift=1e-3, lr_g=1e-2, betas=(0.5, 0.9),
+                           generator=torch.Generator().manual_seed(0), chunk=chunk, progress=True)
+        out[chunk] = [bank.flat(k) for k in range(5)]
+        assert all(float((out[chunk][k] - init[k]).abs().max()) > 1e-2 for k in range(5))  # every critic trained
+        assert bank.steps.tolist() == [0.0] * 5
+        assert all(float(t.abs().sum()) == 0.0 for t in (*bank.exp_avg.values(), *bank.exp_avg_sq.values()))
+    for chunk in (2, 5):
+        for k in range(5):
+            assert out[chunk][k].dtype == torch.float64
+            torch.testing.assert_close(out[chunk][k], out[1][k], rtol=0, atol=1e-10)
+    # the critics differ from one another by far more than that tolerance
+    assert min(float((out[1][i] - out[1][j]).abs().max()) for i in range(5) for j in range(i + 1, 5)) > 1e-2
+    with pytest.raises(ValueError, match="chunk"):
+        gs_wgan.warm_start(bank, parts, x=x_all, y=y_all, make_generator=gen, iterations=1, critic_steps=1, batch=4,
+                           z_dim=8, num_classes=3, gp_weight=10.0, drift=1e-3, lr_g=1e-2, betas=(0.5, 0.9),
+                           generator=torch.Generator().manual_seed(0), chunk=0, progress=True)
+
+
+def test_the_warm_start_chunk_reaches_the_warm_start_and_may_change_on_resume(make_cfg, tmp_path,
+                                                                             monkeypatch) -> None:
+    """method.warm_start_chunk is handed to warm_start; since it changes the speed only, a run killed after its warm
+    start resumes under another chunk (a resume_free_key) and does not warm up again."""
+    from dpsyn.cli.train import run
+
+    chunks = []
+    original_ws = gs_wgan.warm_start
+    monkeypatch.setattr(gs_wgan, "warm_start", lambda *a, **kw: chunks.append(kw["chunk"]) or original_ws(*a, **kw))
+    over = (*SMOKE, "eps=1", "method.checkpoint_every=2")
+    original = gs_wgan.generator_step
+    monkeypatch.setattr(gs_wgan, "generator_step", crash_on_call(original, 3))
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*over, "method.warm_start_chunk=20"), tmp_path / "run")
+    monkeypatch.setattr(gs_wgan, "generator_step", original)
+    result = run(make_cfg(*over, "method.warm_start_chunk=1"), tmp_path / "run")
+    assert chunks == [20]
+    assert result["fit_restored"] is False and result["privacy_events"][0]["steps"] == 5 * 4
 
 
 def test_the_warm_start_charges_nothing_and_releases_no_critic(make_cfg, tmp_path, monkeypatch) -> None:

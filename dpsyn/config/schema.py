@@ -306,6 +306,7 @@ class GSWGANSchema(MethodSchema):
     shuffle_partitions: bool = True
     checkpoint_every: int = f(100, **NON_NEGATIVE)
     warm_start_iterations: int = f(50, **NON_NEGATIVE)
+    warm_start_chunk: int = f(1, **POSITIVE)
     output_frequencies: Optional[int] = f(None, **POSITIVE)
 
 

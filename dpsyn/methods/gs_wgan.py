@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.func import stack_module_state
+from torch.func import functional_call, grad, stack_module_state, vmap
 from tqdm.auto import tqdm
 
 from dpsyn.data.base import Split
@@ -324,37 +324,159 @@ def critic_steps_on(
     return w
 
 
+def _warm_streams(generator: torch.Generator, k: int) -> list[int]:
+    """One seed per critic, drawn once from the run-seed ``generator``: critic k's throw-away generator, row draws,
+    latents and mixing weights come from its own stream, so they are the same whichever critics warm up beside it."""
+    return [int(s) for s in torch.randint(0, 2**62, (k,), generator=generator)]
+
+
+def _seeded(make: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """``make()`` with torch's global RNG at ``seed``, restored afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return make()
+
+
+def _warm_draws(g: torch.Generator, rows: torch.Tensor, *, steps: int, batch: int, z_dim: int, num_classes: int
+                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor]:
+    """One warm-start iteration's draws from a critic's own stream, in :func:`critic_steps_on`'s order: per critic
+    step the rows, latents and mixing weights; then the throw-away generator's latents and labels."""
+    steps_ = []
+    for _ in range(steps):
+        pick = rows[torch.randperm(len(rows), generator=g)[:batch]]
+        steps_.append((pick, torch.randn(len(pick), z_dim, generator=g), torch.rand(len(pick), generator=g)))
+    return steps_, torch.randn(batch, z_dim, generator=g), torch.randint(0, num_classes, (batch,), generator=g)
+
+
 def warm_start(
     bank: CriticBank, parts: TeacherPartitions, *, x: torch.Tensor, y: torch.Tensor,
     make_generator: Callable[[], nn.Module], iterations: int, critic_steps: int, batch: int, z_dim: int,
     num_classes: int, gp_weight: float, drift: float, lr_g: float, betas: tuple[float, float],
-    generator: torch.Generator, progress: bool | None = None,
+    generator: torch.Generator, chunk: int = 1, progress: bool | None = None,
 ) -> None:
-    """The authors' warm start (``source/pretrain.py``): every critic k, in turn, trains ``iterations`` iterations of
-    WGAN-GP (``critic_steps`` critic steps on partition k, then one Adam step of a throw-away generator, made by
-    ``make_generator`` and discarded after k), without noise. Afterwards every critic's Adam state is reset.
+    """The authors' warm start (``source/pretrain.py``): every critic k trains ``iterations`` iterations of WGAN-GP
+    (``critic_steps`` critic steps on partition k, then one Adam step of its own throw-away generator, made by
+    ``make_generator`` and discarded), without noise. Afterwards every critic's Adam state is reset.
+
+    ``chunk`` critics warm up together: with ``chunk`` > 1 the critics and their throw-away generators are stacked
+    and each step runs as one ``torch.func.vmap`` call (:func:`_warm_start_stacked`), which computes for every critic
+    exactly what its own loop computes (tested); it pays where a step is too small to fill the device (a GPU). Each
+    critic draws from its own stream (:func:`_warm_streams`), so the result does not depend on ``chunk``.
 
     Nothing here is released: the critics stay in ``bank`` (never published) and the throw-away generators are
     dropped, so no ledger entry is made (the privacy cost is in the sanitised gradients of the main run only).
+    Critic k reads partition k only, and no generator is shared, so a row still reaches one critic (tested).
     """
-    for k in tqdm(range(bank.k), desc="gs_wgan warm start (critics)", leave=False, disable=progress):
-        G_k = make_generator().to(x.device)
-        opt_g = torch.optim.Adam(G_k.parameters(), lr=lr_g, betas=betas)
-        critic, opt = bank.checkout(k)
-        for _ in range(iterations):
-            critic_steps_on(critic, opt, x=x, y=y, rows=parts.rows[k], G=G_k, z_dim=z_dim, steps=critic_steps,
-                            batch=batch, gp_weight=gp_weight, drift=drift, generator=generator)
-            z = torch.randn(batch, z_dim, generator=generator).to(x.device)
-            yz = torch.randint(0, num_classes, (batch,), generator=generator).to(x.device)
-            loss = -critic(G_k(z, yz), yz).mean()
-            grads = torch.autograd.grad(loss, list(G_k.parameters()))  # the critic's own parameters untouched
-            for p, g in zip(G_k.parameters(), grads):
-                p.grad = g
-            opt_g.step()
-        bank.checkin(k, opt)
+    if chunk < 1:
+        raise ValueError(f"warm-start chunk must be >= 1, got {chunk}")
+    seeds = _warm_streams(generator, bank.k)
+    bar = tqdm(total=bank.k, desc="gs_wgan warm start (critics)", leave=False, disable=progress)
+    kw = dict(x=x, y=y, make_generator=make_generator, iterations=iterations, critic_steps=critic_steps, batch=batch,
+              z_dim=z_dim, num_classes=num_classes, gp_weight=gp_weight, drift=drift, lr_g=lr_g, betas=betas)
+    for s in range(0, bank.k, chunk):
+        e = min(s + chunk, bank.k)
+        if e - s == 1:
+            _warm_start_one(bank, s, parts.rows[s], seed=seeds[s], **kw)
+        else:
+            _warm_start_stacked(bank, s, e, [parts.rows[k] for k in range(s, e)], seeds=seeds[s:e], **kw)
+        bar.update(e - s)
+    bar.close()
     for t in (*bank.exp_avg.values(), *bank.exp_avg_sq.values()):
         t.zero_()
     bank.steps.zero_()
+
+
+def _warm_start_one(
+    bank: CriticBank, k: int, rows: torch.Tensor, *, seed: int, x: torch.Tensor, y: torch.Tensor,
+    make_generator: Callable[[], nn.Module], iterations: int, critic_steps: int, batch: int, z_dim: int,
+    num_classes: int, gp_weight: float, drift: float, lr_g: float, betas: tuple[float, float],
+) -> None:
+    """Critic k's warm start, one module at a time (the authors' loop)."""
+    g = torch.Generator().manual_seed(seed)
+    G_k = _seeded(make_generator, seed).to(x.device)
+    opt_g = torch.optim.Adam(G_k.parameters(), lr=lr_g, betas=betas)
+    critic, opt = bank.checkout(k)
+    for _ in range(iterations):
+        critic_steps_on(critic, opt, x=x, y=y, rows=rows, G=G_k, z_dim=z_dim, steps=critic_steps, batch=batch,
+                        gp_weight=gp_weight, drift=drift, generator=g)
+        z = torch.randn(batch, z_dim, generator=g).to(x.device)
+        yz = torch.randint(0, num_classes, (batch,), generator=g).to(x.device)
+        loss = -critic(G_k(z, yz), yz).mean()
+        grads = torch.autograd.grad(loss, list(G_k.parameters()))  # the critic's own parameters untouched
+        for p, gr in zip(G_k.parameters(), grads):
+            p.grad = gr
+        opt_g.step()
+    bank.checkin(k, opt)
+
+
+def _warm_start_stacked(
+    bank: CriticBank, s: int, e: int, rows: list[torch.Tensor], *, seeds: list[int], x: torch.Tensor, y: torch.Tensor,
+    make_generator: Callable[[], nn.Module], iterations: int, critic_steps: int, batch: int, z_dim: int,
+    num_classes: int, gp_weight: float, drift: float, lr_g: float, betas: tuple[float, float],
+) -> None:
+    """Critics s..e-1 warmed up together: their parameters and their throw-away generators' are stacked (leading
+    dim e - s) and every step is one ``vmap`` of the per-critic loss, so critic k's gradient is that of its own loss
+    on its own rows and fakes. One Adam over stacked tensors is e - s independent Adams (elementwise, all stepping
+    together, as each critic's own loop does)."""
+    device = x.device
+    streams = [torch.Generator().manual_seed(seed) for seed in seeds]
+    gens = [_seeded(make_generator, seed).to(device) for seed in seeds]
+    g_params, g_buffers = stack_module_state(gens)  # leaves requiring grad; BatchNorm statistics stacked too
+    g_base = copy.deepcopy(gens[0]).to("meta")
+    c_base = copy.deepcopy(bank.module).to("meta")
+    c_params = {n: bank.params[n][s:e].clone().requires_grad_(True) for n in bank.names}
+    c_buffers = {n: t[s:e].clone() for n, t in bank.buffers.items()}
+    del gens
+    opt_c = torch.optim.Adam(list(c_params.values()), lr=bank.lr, betas=bank.betas)
+    opt_g = torch.optim.Adam(list(g_params.values()), lr=lr_g, betas=betas)
+
+    def D(p: dict, b: dict, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        return functional_call(c_base, (p, b), (xs, ys))
+
+    def G(p: dict, b: dict, zs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        return functional_call(g_base, (p, b), (zs, ys))
+
+    def critic_loss(p: dict, b: dict, real: torch.Tensor, fake: torch.Tensor, ys: torch.Tensor,
+                    alpha: torch.Tensor) -> torch.Tensor:  # critic_steps_on's loss, gradient_penalty's penalty
+        d_real, d_fake = D(p, b, real, ys), D(p, b, fake, ys)
+        a = alpha.view(-1, *([1] * (real.dim() - 1)))
+        x_hat = a * real + (1 - a) * fake
+        g = grad(lambda xh: D(p, b, xh, ys).sum())(x_hat)
+        penalty = ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
+        return d_fake.mean() - d_real.mean() + gp_weight * penalty + drift * (d_real**2).mean()
+
+    def generator_loss(gp: dict, gb: dict, p: dict, b: dict, zs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        return -D(p, b, G(gp, gb, zs, ys), ys).mean()
+
+    critic_grads = vmap(grad(critic_loss))
+    generator_grads = vmap(grad(generator_loss))
+    fakes = vmap(G)
+    for _ in range(iterations):
+        draws = [_warm_draws(g, r, steps=critic_steps, batch=batch, z_dim=z_dim, num_classes=num_classes)
+                 for g, r in zip(streams, rows)]
+        for step in range(critic_steps):
+            pick = torch.stack([d[0][step][0] for d in draws]).to(device)
+            z = torch.stack([d[0][step][1] for d in draws]).to(device)
+            alpha = torch.stack([d[0][step][2] for d in draws]).to(device)
+            real, ry = x[pick], y[pick]
+            with torch.no_grad():
+                fake = fakes(g_params, g_buffers, z, ry)
+            grads = critic_grads({n: p.detach() for n, p in c_params.items()}, c_buffers, real, fake, ry, alpha)
+            for n, p in c_params.items():
+                p.grad = grads[n]
+            opt_c.step()
+        z = torch.stack([d[1] for d in draws]).to(device)
+        yz = torch.stack([d[2] for d in draws]).to(device)
+        grads = generator_grads({n: p.detach() for n, p in g_params.items()}, g_buffers,
+                                {n: p.detach() for n, p in c_params.items()}, c_buffers, z, yz)
+        for n, p in g_params.items():
+            p.grad = grads[n]
+        opt_g.step()
+    with torch.no_grad():
+        for n in bank.names:
+            bank.params[n][s:e].copy_(c_params[n])
+        for n, t in bank.buffers.items():
+            t[s:e].copy_(c_buffers[n])
 
 
 def critic_turn(
@@ -393,6 +515,7 @@ class GSWGAN(Method):
     kinds = ("image",)
     fitted_attrs = ("G", "device", "train_log")
     unreleased_checkpoint_keys = {CHECKPOINT: ("critics",)}  # trained on private partitions without noise
+    resume_free_keys = ("checkpoint_every", "warm_start_chunk")  # warm_start_chunk: the same critics, another speed
 
     def __init__(self, cfg: Any, ctx: Any) -> None:
         super().__init__(cfg, ctx)
@@ -403,7 +526,7 @@ class GSWGAN(Method):
         """Every hyperparameter (checked at compose time by the schema, dpsyn.config.schema.GSWGANSchema)."""
         hp: dict[str, Any] = {}
         for key in ("critics", "iterations", "batch_size", "critic_steps", "z_dim", "ngf", "ndf", "checkpoint_every",
-                    "warm_start_iterations"):
+                    "warm_start_iterations", "warm_start_chunk"):
             hp[key] = int(cfg.get(key))
         for key in ("clip", "gp_weight", "lr_g", "lr_d", "beta1", "beta2", "ema", "drift"):
             hp[key] = float(cfg.get(key))
@@ -521,7 +644,7 @@ class GSWGAN(Method):
             warm_start(bank, parts, x=x_all, y=y_all, iterations=warm, critic_steps=hp["critic_steps"],
                        batch=critic_batch, z_dim=hp["z_dim"], num_classes=ctx.num_classes, gp_weight=hp["gp_weight"],
                        drift=hp["drift"], lr_g=hp["lr_g"], betas=(hp["beta1"], hp["beta2"]), generator=gen,
-                       make_generator=make_generator)
+                       make_generator=make_generator, chunk=hp["warm_start_chunk"])
             self.train_log["warm_start_s"] = time.perf_counter() - t0
             if ckpt.enabled:  # the warm start is not repeated after a crash
                 ckpt.save(0, self._state(released, G, G_ema, opt_g, bank, parts, gen, picker, dp_gen, budget), ledger)

@@ -12,6 +12,12 @@ from torch import nn
 from torch.nn import functional as F
 
 
+def one_hot(y: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """``F.one_hot(y, num_classes).to(dtype)``, as rows of an identity matrix: the same values, and it also runs under
+    ``torch.func.vmap(grad(...))``, where ``F.one_hot``'s range check on ``y`` fails (GS-WGAN's batched warm start)."""
+    return torch.eye(num_classes, dtype=dtype, device=y.device)[y]
+
+
 class CondDCGANGenerator(nn.Module):
     """G(z, y): a linear layer to a (4*ngf, s, s) map (s = resolution / 4), then two stride-2 transposed convs.
 
@@ -43,7 +49,7 @@ class CondDCGANGenerator(nn.Module):
         self.ngf = ngf
 
     def forward(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        h = self.fc(torch.cat([z, F.one_hot(y, self.num_classes).to(z.dtype)], dim=1))
+        h = self.fc(torch.cat([z, one_hot(y, self.num_classes, z.dtype)], dim=1))
         return self.net(h.view(len(z), 2 * self.ngf, self.start, self.start))
 
 

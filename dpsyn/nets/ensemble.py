@@ -30,6 +30,8 @@ from torch import nn
 from torch.func import functional_call, grad, stack_module_state, vmap
 from torch.nn import functional as F
 
+from dpsyn.nets.dcgan import one_hot
+
 
 def _key(name: str) -> str:
     return name.replace(".", "__")
@@ -285,7 +287,7 @@ class CondConvTeacher(nn.Module):
         self.fc = nn.Linear(2 * ndf * (resolution // 4) ** 2, 1)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(x) + self.label(F.one_hot(y, self.num_classes).to(x.dtype))[:, :, None, None]
+        h = self.conv1(x) + self.label(one_hot(y, self.num_classes, x.dtype))[:, :, None, None]
         h = F.leaky_relu(self.conv2(F.leaky_relu(h, 0.2)), 0.2)
         return self.fc(h.flatten(1)).squeeze(1)
 
