@@ -290,13 +290,42 @@ class CriticBank:
         self.steps = state["steps"].clone().float()
 
 
-def gradient_penalty(critic: nn.Module, real: torch.Tensor, fake: torch.Tensor, y: torch.Tensor,
-                     alpha: torch.Tensor) -> torch.Tensor:
-    """WGAN-GP's penalty: mean_j (||grad_x D(x_hat_j, y_j)|| - 1)^2 at x_hat = alpha real + (1 - alpha) fake."""
+def _autograd_input_grad(f: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """grad_x sum f(x), kept in the graph (create_graph) so that the penalty on it trains the critic."""
+    x = x.requires_grad_(True)
+    (g,) = torch.autograd.grad(f(x).sum(), x, create_graph=True)
+    return g
+
+
+def gradient_penalty(
+    critic: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], real: torch.Tensor, fake: torch.Tensor,
+    y: torch.Tensor, alpha: torch.Tensor,
+    input_grad: Callable[[Callable[[torch.Tensor], torch.Tensor], torch.Tensor], torch.Tensor] = _autograd_input_grad,
+) -> torch.Tensor:
+    """WGAN-GP's penalty: mean_j (||grad_x D(x_hat_j, y_j)|| - 1)^2 at x_hat = alpha real + (1 - alpha) fake.
+    ``input_grad`` computes the gradient: autograd for a module, ``torch.func.grad`` under the warm start's vmap."""
     a = alpha.view(-1, *([1] * (real.dim() - 1)))
-    x_hat = (a * real + (1 - a) * fake).requires_grad_(True)
-    (g,) = torch.autograd.grad(critic(x_hat, y).sum(), x_hat, create_graph=True)
+    g = input_grad(lambda xh: critic(xh, y), a * real + (1 - a) * fake)
     return ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
+
+
+def critic_loss(
+    critic: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], real: torch.Tensor, fake: torch.Tensor,
+    y: torch.Tensor, alpha: torch.Tensor, *, gp_weight: float, drift: float,
+    input_grad: Callable[[Callable[[torch.Tensor], torch.Tensor], torch.Tensor], torch.Tensor] = _autograd_input_grad,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One critic's WGAN-GP loss ``mean D(fake) - mean D(real) + gp_weight penalty + drift mean D(real)^2``, with
+    ``D(real)`` and ``D(fake)``; the main loop and both warm starts (one module, or stacked under vmap) use it."""
+    d_real, d_fake = critic(real, y), critic(fake, y)
+    loss = d_fake.mean() - d_real.mean() + gp_weight * gradient_penalty(critic, real, fake, y, alpha, input_grad)
+    return loss + drift * (d_real**2).mean(), d_real, d_fake
+
+
+def _critic_draw(g: torch.Generator, rows: torch.Tensor, *, batch: int, z_dim: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One critic step's draws: ``batch`` of ``rows`` (at most all), their latents and the penalty's mixing weights."""
+    pick = rows[torch.randperm(len(rows), generator=g)[:batch]]
+    return pick, torch.randn(len(pick), z_dim, generator=g), torch.rand(len(pick), generator=g)
 
 
 def critic_steps_on(
@@ -308,15 +337,11 @@ def critic_steps_on(
     device = x.device
     w = math.nan
     for _ in range(steps):
-        pick = rows[torch.randperm(len(rows), generator=generator)[:batch]].to(device)
+        pick, z, alpha = (t.to(device) for t in _critic_draw(generator, rows, batch=batch, z_dim=z_dim))
         real, ry = x[pick], y[pick]
-        z = torch.randn(len(pick), z_dim, generator=generator).to(device)
-        alpha = torch.rand(len(pick), generator=generator).to(device)
         with torch.no_grad():
             fake = G(z, ry)
-        d_real, d_fake = critic(real, ry), critic(fake, ry)
-        loss = d_fake.mean() - d_real.mean() + gp_weight * gradient_penalty(critic, real, fake, ry, alpha)
-        loss = loss + drift * (d_real**2).mean()
+        loss, d_real, d_fake = critic_loss(critic, real, fake, ry, alpha, gp_weight=gp_weight, drift=drift)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -341,10 +366,7 @@ def _warm_draws(g: torch.Generator, rows: torch.Tensor, *, steps: int, batch: in
                 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor]:
     """One warm-start iteration's draws from a critic's own stream, in :func:`critic_steps_on`'s order: per critic
     step the rows, latents and mixing weights; then the throw-away generator's latents and labels."""
-    steps_ = []
-    for _ in range(steps):
-        pick = rows[torch.randperm(len(rows), generator=g)[:batch]]
-        steps_.append((pick, torch.randn(len(pick), z_dim, generator=g), torch.rand(len(pick), generator=g)))
+    steps_ = [_critic_draw(g, rows, batch=batch, z_dim=z_dim) for _ in range(steps)]
     return steps_, torch.randn(batch, z_dim, generator=g), torch.randint(0, num_classes, (batch,), generator=g)
 
 
@@ -436,19 +458,18 @@ def _warm_start_stacked(
     def G(p: dict, b: dict, zs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
         return functional_call(g_base, (p, b), (zs, ys))
 
-    def critic_loss(p: dict, b: dict, real: torch.Tensor, fake: torch.Tensor, ys: torch.Tensor,
-                    alpha: torch.Tensor) -> torch.Tensor:  # critic_steps_on's loss, gradient_penalty's penalty
-        d_real, d_fake = D(p, b, real, ys), D(p, b, fake, ys)
-        a = alpha.view(-1, *([1] * (real.dim() - 1)))
-        x_hat = a * real + (1 - a) * fake
-        g = grad(lambda xh: D(p, b, xh, ys).sum())(x_hat)
-        penalty = ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
-        return d_fake.mean() - d_real.mean() + gp_weight * penalty + drift * (d_real**2).mean()
+    def func_input_grad(f: Callable[[torch.Tensor], torch.Tensor], xh: torch.Tensor) -> torch.Tensor:
+        return grad(lambda xx: f(xx).sum())(xh)  # autograd.grad cannot run under vmap
+
+    def stacked_loss(p: dict, b: dict, real: torch.Tensor, fake: torch.Tensor, ys: torch.Tensor,
+                     alpha: torch.Tensor) -> torch.Tensor:
+        return critic_loss(lambda xs, yy: D(p, b, xs, yy), real, fake, ys, alpha, gp_weight=gp_weight, drift=drift,
+                           input_grad=func_input_grad)[0]
 
     def generator_loss(gp: dict, gb: dict, p: dict, b: dict, zs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
         return -D(p, b, G(gp, gb, zs, ys), ys).mean()
 
-    critic_grads = vmap(grad(critic_loss))
+    critic_grads = vmap(grad(stacked_loss))
     generator_grads = vmap(grad(generator_loss))
     fakes = vmap(G)
     for _ in range(iterations):
