@@ -84,6 +84,7 @@ ALWAYS = {
     "result.json:run_dir": "the run directory",
     "*fit_s": "wall-clock time of fit",
     "*fit_seconds": "wall-clock time of fit",
+    "*warm_start_s": "wall-clock time of gs_wgan's warm start",
     # DP outputs and their post-processing
     # metrics.<k>, metric_info.<k> and the logged final/<k> of evaluate() (the samples against the public eval
     # split) may differ; those of Method.report() only where REPORT_VARYING names them

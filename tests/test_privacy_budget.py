@@ -77,12 +77,13 @@ def test_dp_mepf_sigmas_unchanged(epsilon, delta, calibration, fractions):
 
 
 @pytest.mark.parametrize(("epsilon", "delta"), BUDGETS[:3])
-def test_gs_wgan_sigma_is_twice_the_add_remove_noise_multiplier(epsilon, delta):
+def test_gs_wgan_sigma_is_twice_sqrt_b_times_the_per_iteration_noise_multiplier(epsilon, delta):
+    """One step an iteration (its b = 4 releases share the critic drawn: sensitivity 2C sqrt(4)), rate 1/10."""
     from dpsyn.methods.gs_wgan import SENSITIVITY_FACTOR, gs_wgan_sigma
 
-    nm = dpsgd_noise_multiplier(epsilon=epsilon, delta=delta, sample_rate=0.1, steps=12, accountant="rdp")
+    nm = dpsgd_noise_multiplier(epsilon=epsilon, delta=delta, sample_rate=0.1, steps=3, accountant="rdp")
     assert gs_wgan_sigma(epsilon=epsilon, delta=delta, critics=10, iterations=3, batch_size=4, accountant="rdp") \
-        == 2.0 * nm == replace_one_noise_std(nm)
+        == 2.0 * 2.0 * nm == replace_one_noise_std(nm) * 2.0
     assert SENSITIVITY_FACTOR == 2.0
     with pytest.raises(ValueError, match="noise_multiplier"):
         replace_one_noise_std(0.0)

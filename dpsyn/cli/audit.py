@@ -21,7 +21,9 @@ and the audit would catch it (the two halves would separate within a call). Mech
 are run on a batch of independent queries.
 
 The sampling (Poisson inclusion) is not part of the audited releases, which are audited at sampling rate 1 (no
-amplification claimed); its distribution is tested separately (tests/test_audit.py).
+amplification claimed); its distribution is tested separately (tests/test_audit.py). One row is subsampled on
+purpose: ``gs_wgan_iteration``, where b releases share one draw of a critic, so that charging them as b separate
+draws (the GS-WGAN authors' analysis) shows up as a lower bound above the claim.
 
 Output: a table on the console and ``audit.json`` in the run directory (``outputs/audit/<time>``), one row per
 mechanism: ``mechanism``, ``eps_claimed``, ``delta``, ``eps_lower``, ``trials`` and how the bound was obtained.
@@ -385,15 +387,15 @@ def _g_pate(eps: float, delta: float, trials: int, noise: NoiseSource, *, arms: 
 
 def _gs_wgan_claim(eps: float, delta: float, accountant: str) -> tuple[float, float]:
     """GS-WGAN's sigma (in units of C) for one release at eps, and the epsilon claimed for it, charged as gs_wgan
-    charges it: a sampled-Gaussian event of noise multiplier sigma / 2 (sensitivity 2C) at sampling rate 1."""
+    charges it (:func:`dpsyn.methods.gs_wgan.gs_wgan_sigma`, :func:`~dpsyn.methods.gs_wgan.privacy_event`) for one
+    critic and one release an iteration: a sampled-Gaussian event of noise multiplier sigma / 2 (sensitivity 2C) at
+    sampling rate 1."""
     from dpsyn.methods import gs_wgan
-    from dpsyn.privacy import SampledGaussianEvent, dpsgd_noise_multiplier
 
-    nm = dpsgd_noise_multiplier(epsilon=eps, delta=delta, sample_rate=1.0, steps=1, accountant=accountant)
-    sigma = nm * gs_wgan.SENSITIVITY_FACTOR
-    claimed = _claimed(SampledGaussianEvent(noise_multiplier=sigma / gs_wgan.SENSITIVITY_FACTOR, sample_rate=1.0,
-                                            steps=1, accountant=accountant, label="audit: one sanitised gradient"),
-                       delta=delta)
+    sigma = gs_wgan.gs_wgan_sigma(epsilon=eps, delta=delta, critics=1, iterations=1, batch_size=1,
+                                  accountant=accountant)
+    claimed = _claimed(gs_wgan.privacy_event(sigma=sigma, critics=1, batch_size=1, iterations=1, accountant=accountant,
+                                             label="audit: one sanitised gradient"), delta=delta)
     return sigma, claimed
 
 
@@ -436,6 +438,40 @@ def _gs_wgan_band(eps: float, delta: float, trials: int, noise: NoiseSource, *, 
         scores.append((out.flatten(1) @ first).double().numpy())
     return Scores(scores[0], scores[1], claimed, {"sigma": sigma, "clip": clip, "accountant": accountant,
                                                   "band": "2x2 of 4x4"})
+
+
+ITERATION_CRITICS, ITERATION_BATCH = 10, 16  # the gs_wgan_iteration row: rate 1/10, 16 releases an iteration
+
+
+def _gs_wgan_iteration(eps: float, delta: float, trials: int, noise: NoiseSource, *,
+                       accountant: str = "rdp") -> Scores:
+    """One GS-WGAN iteration as the ledger charges it (:func:`dpsyn.methods.gs_wgan.privacy_event`, with the sigma
+    of :func:`~dpsyn.methods.gs_wgan.gs_wgan_sigma`): a critic drawn uniformly from K, then b sanitised gradients
+    (:func:`~dpsyn.methods.gs_wgan.sanitize`), all read through that critic. Neighbours (add/remove, the
+    accountant's): on D0 every critic's gradient into a fake is -3C e (clipped to -C); on D1 the critic holding the
+    canary (index 0) gives +3C e. Score: the sum of the b outputs along e. Unlike the rows above, this one is
+    subsampled (rate 1/K): it is the row that tells whether the b releases of an iteration are charged as one draw
+    (they are) or as b independent draws (the GS-WGAN authors' analysis, which it catches: tests/test_audit.py)."""
+    import torch
+
+    from dpsyn.methods import gs_wgan
+
+    K, b, clip = ITERATION_CRITICS, ITERATION_BATCH, 1.0
+    sigma = gs_wgan.gs_wgan_sigma(epsilon=eps, delta=delta, critics=K, iterations=1, batch_size=b,
+                                  accountant=accountant)
+    claimed = _claimed(gs_wgan.privacy_event(sigma=sigma, critics=K, batch_size=b, iterations=1,
+                                             accountant=accountant, label="audit: one gs_wgan iteration"),
+                       delta=delta)
+    gen = noise.torch()
+    scores = []
+    for side in (0, 1):
+        drawn = torch.randint(K, (trials,), generator=gen)  # the critic of each trial, drawn as fit draws it
+        sign = torch.where((drawn == 0) & (side == 1), 1.0, -1.0)
+        grad = (3.0 * clip * sign)[:, None, None].expand(trials, b, 1).reshape(trials * b, 1)
+        out = gs_wgan.sanitize(grad, clip=clip, sigma=sigma, generator=gen)
+        scores.append(out.view(trials, b).sum(1).double().numpy())
+    return Scores(scores[0], scores[1], claimed, {"sigma": sigma, "clip": clip, "accountant": accountant,
+                                                  "critics": K, "batch_size": b})
 
 
 def _laplace(eps: float, delta: float, trials: int, noise: NoiseSource) -> Scores:
@@ -486,6 +522,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("gs_wgan_sanitize", "GS-WGAN gradient sanitizer", _gs_wgan),
     Mechanism("gs_wgan_sanitize_band", "GS-WGAN gradient sanitizer in the DCT band (output_frequencies)",
               _gs_wgan_band),
+    Mechanism("gs_wgan_iteration", "GS-WGAN iteration: b sanitised gradients through one critic drawn of K",
+              _gs_wgan_iteration),
     Mechanism("laplace_class_counts", "Laplace class-ratio release (g_pate, pate_gan, dp_gan on tables)",
               _laplace),
     Mechanism("private_tuning_score", "private tuning's DP score (noised count of correct validation rows)",
