@@ -35,11 +35,11 @@ releases: for the authors' MNIST setting (K = 1000, noise_multiplier 1.07, 20000
 per-release composition gives eps 4.45 under Opacus's RDP accountant, the per-iteration mechanism 366 (329 under
 Opacus's PRV accountant). :func:`published_analysis_epsilon` computes the former (recorded beside a run's epsilon,
 never charged); the audit row ``gs_wgan_iteration`` (``python -m dpsyn.cli.audit``) runs the sanitizer on b releases
-sharing a draw, and its lower bound exceeds the per-release claim. So dpsyn's sigma at a given eps is larger than
-the authors' analysis gives: at the embedded setting (100 critics, 1000 iterations of 32) 6.49 C against 2.33 C at
-eps=10, 17.2 C against 14.7 C at eps=1. Caveat kept: the
-accountant (Opacus's sampled-Gaussian RDP) analyses Poisson subsampling under add/remove adjacency, while GS-WGAN
-draws exactly one of K critics uniformly (replace-one adjacency).
+sharing a draw, and with sigma calibrated the authors' way its lower bound exceeds their claim (tests/test_audit.py).
+So dpsyn's sigma at a given eps is larger than the authors' analysis gives: at the embedded setting (100 critics,
+1000 iterations of 32) 6.49 C against 2.33 C at eps=10, 17.2 C against 14.7 C at eps=1. Caveat kept: the accountant
+(Opacus's sampled-Gaussian RDP) analyses Poisson subsampling under add/remove adjacency, while GS-WGAN draws exactly
+one of K critics uniformly (replace-one adjacency).
 
 Warm start (the authors' ``source/pretrain.py``; :func:`warm_start`): before the main run every critic k trains for
 ``warm_start_iterations`` iterations (``critic_steps`` critic steps, then one generator step) on its own partition
