@@ -465,7 +465,7 @@ def _gs_wgan_iteration(eps: float, delta: float, trials: int, noise: NoiseSource
     gen = noise.torch()
     scores = []
     for side in (0, 1):
-        drawn = torch.randint(K, (trials,), generator=gen)  # the critic of each trial, drawn as fit draws it
+        drawn = gs_wgan.draw_critics(K, trials, gen)  # the critic of each trial, drawn as fit draws it
         sign = torch.where((drawn == 0) & (side == 1), 1.0, -1.0)
         grad = (3.0 * clip * sign)[:, None, None].expand(trials, b, 1).reshape(trials * b, 1)
         out = gs_wgan.sanitize(grad, clip=clip, sigma=sigma, generator=gen)

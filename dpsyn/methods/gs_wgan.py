@@ -155,6 +155,12 @@ def sanitize(
     return out if basis is None else (out @ basis.T).view_as(grad)
 
 
+def draw_critics(critics: int, n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` critic indices drawn uniformly from ``critics`` with the DP ``generator``: an iteration's draw (n = 1),
+    the subsampling its releases share; the audit row ``gs_wgan_iteration`` draws its trials with it."""
+    return torch.randint(critics, (n,), generator=generator)
+
+
 def iteration_noise_multiplier(sigma: float, batch_size: int) -> float:
     """The noise multiplier of one iteration: b releases of noise std sigma C, all read through the critic drawn, so
     of joint L2 sensitivity 2C sqrt(b): ``sigma / (2 sqrt(b))``."""
@@ -707,7 +713,7 @@ class GSWGAN(Method):
         # under DP the bar shows iterations and the epsilon spent only (never the critic drawn nor its W estimate)
         bar = tqdm(total=iterations, initial=start, desc="gs_wgan iterations", leave=False, disable=None)
         while it < iterations:
-            k = int(torch.randint(K, (1,), generator=picker))
+            k = int(draw_critics(K, 1, picker))
             critic, w = critic_turn(bank, k, x=x_all, y=y_all, rows=parts.rows[k], G=G, z_dim=hp["z_dim"],
                                     steps=hp["critic_steps"], batch=critic_batch, gp_weight=hp["gp_weight"],
                                     drift=hp["drift"], generator=gen)
@@ -742,7 +748,7 @@ class GSWGAN(Method):
         self.G = G_ema if hp["ema"] > 0 else G
         self.device = device
         self.train_log.update(iterations=it, releases=released, sigma=sigma,
-                              noise_multiplier=iteration_noise_multiplier(sigma, b) if sigma > 0 else 0.0,
+                              noise_multiplier=iteration_noise_multiplier(sigma, b),
                               fit_s=time.perf_counter() - t0)
         if event_id is not None:  # for comparison with published numbers only; the ledger holds the true epsilon
             self.train_log["epsilon_published_analysis"] = published_analysis_epsilon(
