@@ -55,3 +55,19 @@ def test_a_validation_run_and_a_dirty_tree_are_marked(tmp_path: Path) -> None:
     _collect().main([str(out), str(run)])
     (row,) = csv.DictReader(out.open())
     assert (row["metrics_split"], row["git_sha"]) == ("validation", "abc-dirty")
+
+
+def test_the_accountant_column_carries_what_the_method_says_it_charged(tmp_path: Path) -> None:
+    """gs_wgan's provenance says how an iteration is charged; the row must keep it beside the ledger's accountant."""
+    run = tmp_path / "gs_wgan_run"
+    run.mkdir()
+    said = "sampled-Gaussian rdp, one step an iteration"
+    (run / "result.json").write_text(json.dumps({"method": "gs_wgan", "metrics": {"acc": 0.3}, "accountant": "rdp",
+                                                 "sample_provenance": {"accountant": said}}))
+    plain = tmp_path / "g_pate_run"
+    plain.mkdir()
+    (plain / "result.json").write_text(json.dumps({"method": "g_pate", "metrics": {"acc": 0.5}, "accountant": "pate"}))
+    out = tmp_path / "rows.csv"
+    _collect().main([str(out), str(run), str(plain)])
+    rows = {r["run"]: r["accountant"] for r in csv.DictReader(out.open())}
+    assert rows == {"gs_wgan_run": f"rdp; {said}", "g_pate_run": "pate"}

@@ -27,6 +27,13 @@ FIELDS = ["run", "method", "dataset", "eps", "seed", "overrides", "projection", 
           "epsilon_spent", "accountant", "bound", "aggregate", "rounds", "answered_rate", "fit_s", "wall_s", "cpu", "git_sha"]
 
 
+def accountant(r: dict) -> str:
+    """The run's accountant, and what the method says it charged where it says more (gs_wgan: one step an
+    iteration)."""
+    said = (r.get("sample_provenance") or {}).get("accountant")
+    return "; ".join(a for a in (r.get("accountant", ""), said) if isinstance(a, str) and a)
+
+
 def row(run_dir: Path) -> dict[str, object]:
     r = json.loads((run_dir / "result.json").read_text())
     prov = r.get("sample_provenance") or {}
@@ -46,7 +53,7 @@ def row(run_dir: Path) -> dict[str, object]:
         "teachers": method_cfg.get("teachers", method_cfg.get("critics", "")),
         "metrics_split": r.get("metrics_split") or "eval", "acc": metrics.get("acc", ""), "fd": fd,
         **{k: metrics.get(k, "") for k in PRDC},
-        "epsilon_spent": r.get("epsilon_spent"), "accountant": r.get("accountant", ""),
+        "epsilon_spent": r.get("epsilon_spent"), "accountant": accountant(r),
         "bound": prov.get("bound", ""), "aggregate": prov.get("aggregate", ""),
         "rounds": prov.get("steps", prov.get("iterations", "")), "answered_rate": round(prov["answered"] / prov["queries"], 3) if prov.get("queries") else "",
         "fit_s": round(float(timings.get("fit_s", 0) or 0), 1),
