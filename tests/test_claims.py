@@ -166,7 +166,7 @@ def test_dpimagebench_claims_are_decided_by_runs_at_dpimagebench_settings_only()
     assert (g.critics, g.warm_start_iterations, g.iterations, g.batch_size, g.critic_steps) == (1000, 2000, 20000, 32, 5)
     assert (g.lr_g, g.lr_d, g.beta1, g.beta2, g.ema, g.z_dim, g.clip) == (1e-4, 1e-4, 0.5, 0.9, 0.999, 10, 1.0)
     assert (g.gp_weight, g.drift) == (10.0, 1e-3)
-    # ... and only there: the embedded gs_wgan keeps its CPU-sized defaults
+    # ... and only there: the embedded gs_wgan keeps its CPU-sized defaults (fmnist's at eps=1: gs_wgan_fmnist.yaml)
     e = embedded.method
-    assert (e.critics, e.warm_start_iterations, e.iterations, e.lr_d) == (100, 50, 1000, 1e-3)
+    assert (e.critics, e.warm_start_iterations, e.iterations, e.batch_size, e.lr_d) == (100, 150, 12000, 8, 1e-3)
     assert embedded.privacy.delta == 1e-5

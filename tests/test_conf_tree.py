@@ -69,12 +69,16 @@ def test_gs_wgan_paper_profile_holds_the_authors_setting(make_cfg) -> None:
     assert (paper.critics, paper.warm_start_iterations, paper.iterations, paper.batch_size) == (1000, 2000, 20000, 32)
     assert (paper.critic_steps, paper.lr_g, paper.lr_d) == (5, 1e-4, 1e-4)
     assert (paper.beta1, paper.beta2, paper.ema) == (0.5, 0.9, 0.999)
-    embedded = make_cfg("experiment=long2021_table1", "method=gs_wgan").method
-    assert (embedded.critics, embedded.warm_start_iterations, embedded.iterations) == (100, 50, 1000)
-    # on fmnist the authors' and DPImageBench's profiles keep the authors' generator and clip, not the embedded band
+    embedded = make_cfg("experiment=long2021_table1", "method=gs_wgan").method  # fmnist, eps=1: gs_wgan_fmnist.yaml
+    assert (embedded.critics, embedded.warm_start_iterations, embedded.iterations, embedded.batch_size) == (
+        100, 150, 12000, 8)
+    # on fmnist the authors' and DPImageBench's profiles keep the authors' generator, clip and schedule, not the
+    # embedded band nor its batch 8
     for experiment in ("long2021_table1_paper", "dpimagebench_fmnist_dib"):
-        m = make_cfg(f"experiment={experiment}", "method=gs_wgan", "dataset=fmnist", "eps=10").method
-        assert (m.critics, m.output_frequencies, m.clip) == (1000, None, 1.0), experiment
+        for eps in ("1", "10"):
+            m = make_cfg(f"experiment={experiment}", "method=gs_wgan", "dataset=fmnist", f"eps={eps}").method
+            got = (m.critics, m.output_frequencies, m.clip, m.iterations, m.batch_size, m.warm_start_iterations)
+            assert got == (1000, None, 1.0, 20000, 32, 2000), (experiment, eps)
 
 
 @pytest.mark.parametrize("dataset", ["cifar10", "pets", "cars", "birds"])
