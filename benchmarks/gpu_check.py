@@ -600,7 +600,8 @@ def paper_gs_wgan_check(env: Env) -> dict[str, Any]:
 
     from dpsyn.methods import gs_wgan
     from dpsyn.nets.dcgan import CondDCGANGenerator
-    from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
+    from dpsyn.data.partitions import KeyedPartitions, partition_key
+    from dpsyn.nets.ensemble import CondConvTeacher
     from dpsyn.privacy import dp_generator
 
     cfg = compose(["experiment=long2021_table1_paper", "method=gs_wgan", "dataset=mnist", "eps=1", "trainer=gpu"])
@@ -627,7 +628,7 @@ def paper_gs_wgan_check(env: Env) -> dict[str, Any]:
 
     with peak_memory(env, out):
         x, y = torch.rand(k * rows, *shape, device=dev), torch.randint(0, 10, (k * rows,), device=dev)
-        parts = TeacherPartitions(k * rows, k, generator=gen)
+        parts = KeyedPartitions(torch.arange(k * rows).numpy(), k, key=partition_key(0, "critics"))
         bank = bank_of(k)
         out["params_per_critic"] = sum(p.numel() for p in make_critic().parameters())
         one = bank_of(1)
@@ -652,13 +653,16 @@ def paper_gs_wgan_check(env: Env) -> dict[str, Any]:
         out["warm_start_chunk_speedup"] = out["warm_start_iteration_s"] / out["warm_start_chunked_iteration_s"]
         G = make_generator().to(dev)
         sigma = gs_wgan.gs_wgan_sigma(epsilon=1.0, delta=float(cfg.privacy.delta), critics=paper_k,
-                                      iterations=int(m.iterations), batch_size=int(m.batch_size), accountant="rdp")
+                                      iterations=int(m.iterations), batch_size=int(m.batch_size),
+                                      bound=str(m.bound))
         dp_gen = dp_generator(deterministic=False, seed=0, device=str(dev))  # OS entropy, as in a run
         t0 = time.perf_counter()
-        for _ in range(iters):
+        for it in range(iters):
             j = int(torch.randint(k, (1,), generator=gen))
-            critic, _w = gs_wgan.critic_turn(bank, j, x=x, y=y, rows=parts.rows[j], G=G, steps=int(m.critic_steps),
-                                             batch=b, **common)
+            s = gs_wgan.trained_critic(it, k, j, str(m.critic_schedule))
+            batches = [(r[0], mk[0]) for r, mk in (parts.batch([s], b) for _ in range(int(m.critic_steps)))]
+            gs_wgan.critic_turn(bank, s, x=x, y=y, batches=batches, G=G, num_classes=10, **common)
+            critic, _ = bank.checkout(j)
             z = torch.randn(int(m.batch_size), int(m.z_dim), device=dev)
             yz = torch.randint(0, 10, (int(m.batch_size),), device=dev)
             released = gs_wgan.generator_step(G, critic, z=z, y=yz, clip=float(m.clip), sigma=sigma, generator=dp_gen)

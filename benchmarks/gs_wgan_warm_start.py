@@ -20,7 +20,8 @@ import torch
 from dpsyn.machine import cpu_model
 from dpsyn.methods.gs_wgan import CriticBank, warm_start
 from dpsyn.nets.dcgan import CondDCGANGenerator
-from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
+from dpsyn.data.partitions import KeyedPartitions, partition_key
+from dpsyn.nets.ensemble import CondConvTeacher
 from dpsyn.nets.lowpass import LowPassOutput, dct_basis
 
 
@@ -29,7 +30,7 @@ def run(chunk: int, args: argparse.Namespace, device: torch.device) -> tuple[flo
     torch.manual_seed(0)
     n = args.critics * args.rows
     x, y = torch.rand(n, 1, 28, 28, device=device), torch.randint(0, 10, (n,), device=device)
-    parts = TeacherPartitions(n, args.critics, generator=torch.Generator().manual_seed(0))
+    parts = KeyedPartitions(torch.arange(n).numpy(), args.critics, key=partition_key(0, "critics"))
     bank = CriticBank(lambda: CondConvTeacher(num_classes=10, channels=1, resolution=28, ndf=args.ndf), args.critics,
                       lr=1e-3, betas=(0.5, 0.9), device=device)
 

@@ -17,7 +17,8 @@ from dpsyn.privacy.dpsgd import dpsgd_noise_multiplier
 def search_epsilon(trial_eps: float, *, q: float, steps: int, delta: float, mean: float, shape: float,
                    score_nm: float) -> float:
     nm = dpsgd_noise_multiplier(epsilon=trial_eps, sample_rate=q, steps=steps, delta=delta, accountant="rdp")
-    trial = [SampledGaussianEvent(noise_multiplier=nm, sample_rate=q, steps=steps, accountant="rdp", label="D"),
+    trial = [SampledGaussianEvent(sampling="poisson",
+                                  noise_multiplier=nm, sample_rate=q, steps=steps, accountant="rdp", label="D"),
              GaussianEvent(noise_multiplier=score_nm, label="score")]
     event = RepeatAndSelectEvent(trial_events=[e.to_dict() for e in trial], mean_trials=mean,
                                  shape="inf" if math.isinf(shape) else shape, label="search")

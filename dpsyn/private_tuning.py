@@ -12,10 +12,24 @@ only the best trial. ``eps`` is the target of the whole search; each trial train
    of std ``tuning.score_noise_multiplier`` (sensitivity 1: one row changes the count by at most 1), recorded in its
    ledger. Nothing else is computed on the validation rows (no FD, no monitor, no membership attack): each would be
    a release without DP.
-3. Every trial must spend the same data-independent RDP curve (settings that change the accounting, such as the
-   batch size or the epochs, are refused when a trial's curve differs); after the first trial the search's cost
-   (:class:`dpsyn.privacy.RepeatAndSelectEvent`) is checked against ``eps`` and the search stops, releasing
-   nothing, if it is over.
+3. Every trial must spend the same data-independent RDP curve, and whether it will is decided from the
+   configuration alone, before K is drawn and before anything trains (:func:`check_space`): a search whose space
+   holds a key that could change a trial's accounting is refused in one line naming the key and why. Stopping at
+   trial i instead, when its curve turned out to differ, would reveal K >= i, and K must stay secret. The rule is
+   an allowlist: only ``method.<key>`` settings whose ``<key>`` the method's
+   :data:`dpsyn.config.schema.METHOD_FACTS` lists in ``tunable_keys`` may be tuned, the keys read from its ``fit``
+   and shown not to enter its accounting (learning rates, widths, post-processing, a clip norm the noise is
+   calibrated in units of); its ``accounting_keys`` (batch size, epochs, steps, iterations, teachers or critics,
+   noise, budget shares, ...) are refused, and so is any key in neither list (a new hyperparameter is not tunable
+   until someone reads the accounting: a denylist would let it through silently). Settings outside ``method`` are
+   refused too: ``dataset.*`` sets the private rows (n, hence the sample rate), ``privacy.*`` the delta and the
+   accountant, ``trainer.*`` the steps (``max_epochs``, ``limit_train_batches``, ``devices``), ``eps``,
+   ``tuning.*`` and ``metrics.*`` are the search's own, fixed for all its trials. The values each key can draw
+   (every choice, the ends of an interval or range) are checked against the schemas up front as well, so no draw
+   fails its trial's config check mid-search. After each trial its curve is still compared with the first
+   trial's: a difference is a dpsyn bug (a key wrongly declared tunable), reported as such. After the first trial
+   the search's cost (:class:`dpsyn.privacy.RepeatAndSelectEvent`) is checked against ``eps`` and the search
+   stops, releasing nothing, if it is over (that reveals only K >= 1, as the outcome of K = 0 does).
 4. The best trial (highest DP score) is published in the run directory: its samples, fitted state, settings and DP
    score, and a ledger holding one repeat-and-select event. The other trials are deleted, and nothing written to
    the run directory says how many ran (the trials run in a hidden sibling folder; Hydra's log file is paused while
@@ -27,12 +41,13 @@ only the best trial. ``eps`` is the target of the whole search; each trial train
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +119,102 @@ def sample_space(space: dict[str, Any], rng: np.random.Generator) -> dict[str, A
                 v = float(rng.uniform(lo, hi))
             out[key] = int(round(v)) if isinstance(sweep.start, int) and isinstance(sweep.end, int) else v
     return out
+
+
+# ---- which settings a private search may tune -----------------------------------------------------------------
+
+# why a setting outside ``method`` is never tuned privately (module docstring, item 3)
+_NOT_METHOD = {
+    "dataset": "sets the private rows (n, hence the sample rate)",
+    "privacy": "sets the delta, the accountant or the noise",
+    "trainer": "sets the steps (max_epochs, limit_train_batches, devices)",
+    "eps": "is the search's target (each trial spends tuning.trial_eps)",
+    "tuning": "is the search's own setting",
+    "metrics": "sets the DP score, the same for every trial",
+}
+
+
+def untunable_keys(method: str, keys: Iterable[str]) -> dict[str, str]:
+    """``{key: why}`` for every key of ``keys`` that a private search of ``method`` may not tune: only
+    ``method.<key>`` with ``<key>`` (the first part of a nested key) in ``METHOD_FACTS[method].tunable_keys`` may
+    (module docstring, item 3). Imports neither torch nor the method."""
+    from dpsyn.config import METHOD_FACTS, METHOD_SCHEMAS
+
+    facts = METHOD_FACTS.get(method)
+    schema = METHOD_SCHEMAS.get(method)
+    fields = set(schema.__dataclass_fields__) if schema is not None else set()
+    out: dict[str, str] = {}
+    for key in keys:
+        group, _, rest = str(key).partition(".")
+        field = rest.split(".", 1)[0]
+        if group != "method":
+            out[key] = _NOT_METHOD.get(group, "is not a method setting")
+        elif facts is None:
+            out[key] = f"belongs to method {method}, which has no declared facts"
+        elif field in facts.tunable_keys:
+            continue
+        elif field in facts.accounting_keys:
+            out[key] = f"enters {method}'s privacy accounting"
+        elif field not in fields:
+            out[key] = f"is not a setting of {method}"
+        else:
+            out[key] = f"is not declared free of {method}'s accounting"
+    return out
+
+
+def check_space(cfg: DictConfig, space: dict[str, Any], trial_eps: float) -> None:
+    """Refuse, before K is drawn and before anything trains, a search space that could make two trials spend
+    different RDP curves (:func:`untunable_keys`), or draw a value its trial's config check refuses (every choice,
+    both ends of an interval or range, in every combination up to :data:`_MAX_CORNERS`, else key by key).
+
+    Raises:
+        ConfigError: one line naming the offending keys and why; nothing trained or released.
+    """
+    from dpsyn.config import METHOD_FACTS, validate
+
+    method = str(cfg.method.name)
+    bad = untunable_keys(method, space)
+    if bad:
+        facts = METHOD_FACTS.get(method)
+        tunable = ", ".join(f"method.{k}" for k in facts.tunable_keys) if facts and facts.tunable_keys else "none"
+        raise ConfigError(
+            f"tuning.space: {'; '.join(f'{k} {why}' for k, why in bad.items())}: a private search tunes only "
+            "settings that leave every trial's RDP curve the same (decided before the secret number of trials is "
+            f"drawn); tunable for {method}: {tunable} (dpsyn.config.schema.METHOD_FACTS); nothing was trained or "
+            "released")
+    corners = {key: _corners(sweep) for key, sweep in space.items()}
+    combos = math.prod(len(v) for v in corners.values())
+    if combos <= _MAX_CORNERS:
+        draws: Iterable[dict[str, Any]] = (dict(zip(corners, values))
+                                           for values in itertools.product(*corners.values()))
+    else:
+        first = {k: v[0] for k, v in corners.items()}
+        draws = ({**first, key: value} for key, values in corners.items() for value in values)
+    for params in draws:
+        try:
+            validate(trial_config(cfg, params, trial_eps))
+        except ConfigError as e:
+            raise ConfigError(f"tuning.space can draw {params}, which its trial refuses: {e}; nothing was trained or "
+                              "released") from None
+
+
+_MAX_CORNERS = 256  # combinations of the space's extreme values checked together (beyond: key by key)
+
+
+def _corners(sweep: Any) -> list[Any]:
+    """The values of a sweep the schemas' range rules (bounds, no gaps) are checked at: every choice, both ends of
+    an interval (integers when both are), the first and last value of a range."""
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+
+    if isinstance(sweep, ChoiceSweep):
+        return list(sweep.list)
+    if isinstance(sweep, RangeSweep):
+        values = list(np.arange(sweep.start, sweep.stop, sweep.step))
+        return [v.item() for v in (values[:1] + values[-1:] if len(values) > 1 else values)]
+    assert isinstance(sweep, IntervalSweep)
+    if isinstance(sweep.start, int) and isinstance(sweep.end, int):
+        return [int(sweep.start), int(sweep.end)]
+    return [float(sweep.start), float(sweep.end)]
 
 
 # ---- a trial's DP score -------------------------------------------------------------------------------------------
@@ -214,6 +325,7 @@ def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from dpsyn.methods import Samples
     from dpsyn.metrics import evaluate
     from dpsyn.privacy import PrivacyEvent, PrivacyLedger, RepeatAndSelectEvent, dp_numpy_generator
+    from dpsyn.privacy.ledger import ADJACENCY_TEXT
     from dpsyn.privacy.dpsgd import rdp_orders
     from dpsyn.privacy.ledger import events_rdp
     from dpsyn.privacy.tuning import draw_trial_count, trials_distribution_name
@@ -221,6 +333,7 @@ def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     opts = _check(cfg)
     space = parse_space(cfg.tuning.space)
+    check_space(cfg, space, opts["trial_eps"])  # before K is drawn: no trial can then stop the search (item 3)
     orders = rdp_orders()
     k = draw_trial_count(mean=opts["mean"], shape=opts["shape"],
                          generator=dp_numpy_generator(deterministic=bool(cfg.privacy.deterministic_noise),
@@ -254,10 +367,13 @@ def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                             f"cost eps {cost.epsilon():.4g} > eps={opts['eps']:g} ({dist} trials): lower "
                             "tuning.trial_eps or tuning.mean_trials; nothing was released")
                 elif not np.allclose(c, curve, rtol=1e-9, atol=1e-12):
-                    raise ConfigError(
-                        f"private tuning: trial {i + 1} ({params}) spent another RDP curve than the first trial: tune "
-                        "only settings that leave the accounting unchanged (not the batch size, epochs or steps); "
-                        "nothing was released")
+                    # unreachable when METHOD_FACTS is right (check_space); neither the trial's index nor its
+                    # settings (drawn from public randomness, they would give the index) are named
+                    raise RuntimeError(
+                        f"dpsyn bug: a private-tuning trial spent another RDP curve than the first, although every "
+                        f"key of tuning.space ({', '.join(space)}) is declared free of {cfg.method.name}'s accounting "
+                        "(dpsyn.config.schema.METHOD_FACTS): one is not; please report it. Stopping here reveals "
+                        "that the secret number of trials is at least 2; nothing was released")
                 if best is None or result["metrics"][SCORE] > best["score"]:
                     best = {"score": float(result["metrics"][SCORE]), "params": params, "dir": tdir, "result": result}
         if best is None:
@@ -308,6 +424,7 @@ def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "epsilon_spent": spent,
         "non_private_reference": False,
         "accountant": ledger.accountant_description(),
+        "adjacency": ADJACENCY_TEXT,  # the neighbour relation of every epsilon here
         "privacy_events": ledger.to_dict()["events"],
         "deterministic_noise": bool(cfg.privacy.deterministic_noise),
         "metrics": metrics,

@@ -186,13 +186,13 @@ def test_gs_wgan_per_release_charge_is_caught_by_the_iteration_row(monkeypatch: 
     (row,) = run_audit(["gs_wgan_iteration"], eps=1.0, delta=1e-5, trials=FAST_TRIALS, deterministic=True, seed=1)
     assert 0 < row["eps_lower"] <= row["eps_claimed"] <= 1.0 and row["passed"], row
 
-    def sigma_per_release(*, epsilon, delta, critics, iterations, batch_size, accountant):
+    def sigma_per_release(*, epsilon, delta, critics, iterations, batch_size, bound="convexity"):
         return 2.0 * dpsgd_noise_multiplier(epsilon=epsilon, delta=delta, sample_rate=1.0 / critics,
-                                            steps=iterations * batch_size, accountant=accountant)
+                                            steps=iterations * batch_size, accountant="rdp")
 
-    def event_per_release(*, sigma, critics, batch_size, iterations, accountant, label):
-        return SampledGaussianEvent(noise_multiplier=sigma / 2.0, sample_rate=1.0 / critics,
-                                    steps=iterations * batch_size, accountant=accountant, label=label)
+    def event_per_release(*, sigma, critics, batch_size, iterations, bound, label):
+        return SampledGaussianEvent(sampling="poisson", noise_multiplier=sigma / 2.0, sample_rate=1.0 / critics,
+                                    steps=iterations * batch_size, accountant="rdp", label=label)
 
     monkeypatch.setattr(gs_wgan, "gs_wgan_sigma", sigma_per_release)
     monkeypatch.setattr(gs_wgan, "privacy_event", event_per_release)

@@ -64,6 +64,94 @@ def test_restore_ledger_accepts_a_recharged_prefix_and_refuses_anything_else(tmp
         bare.load().restore_ledger(_ledger())
 
 
+def _run_ledger(run_dir: Path, fingerprint: dict | None = None) -> PrivacyLedger:
+    """A run's ledger as dpsyn.cli.train makes it: fresh, then journalled in the run directory."""
+    from dpsyn.privacy.journal import JOURNAL_PATH
+
+    ledger = _ledger()
+    ledger.attach_journal(run_dir / JOURNAL_PATH, fingerprint=fingerprint or {"eps": 3.0})
+    return ledger
+
+
+def test_restore_ledger_merges_the_journal_of_the_interrupted_attempt(tmp_path: Path) -> None:
+    """Checkpoint at round 2, rounds 3-4 journalled (charged, maybe logged) before the kill: the resumed ledger holds
+    them, and the rounds redone from the checkpoint's step are charged on top."""
+    ckpt = Checkpointer.in_run(tmp_path, "m.pt", {"lr": 0.1})
+    attempt = _run_ledger(tmp_path)
+    eid = attempt.add(GaussianEvent(noise_multiplier=2.0, count=0, label="rounds"))
+    for round_ in range(1, 5):
+        attempt.add(GaussianEvent(noise_multiplier=5.0, count=1, label=f"round {round_}"))
+        if round_ == 2:
+            ckpt.save(2, {}, attempt)
+    journal = [e.to_dict() for e in attempt.events]  # SIGKILL here: privacy.json is not written
+    saved = ckpt.load()
+    assert len(saved.ledger["events"]) == 3
+
+    resumed = _run_ledger(tmp_path)
+    assert saved.restore_ledger(resumed) == [0, 1, 2]
+    assert [e.to_dict() for e in resumed.events] == journal  # the journal's rounds 3-4 kept
+    resumed.add(GaussianEvent(noise_multiplier=5.0, count=1, label="round 3"))  # redone: a second release
+    assert resumed.epsilon() > attempt.epsilon() and eid == 0
+
+    # equal: a journal that holds nothing beyond the checkpoint restores the checkpoint, charged once
+    equal_dir = tmp_path / "equal"
+    ckpt = Checkpointer.in_run(equal_dir, "m.pt", {"lr": 0.1})
+    attempt = _run_ledger(equal_dir)
+    attempt.add(GaussianEvent(noise_multiplier=5.0, count=1, label="round 1"))
+    ckpt.save(1, {}, attempt)
+    resumed = _run_ledger(equal_dir)
+    assert ckpt.load().restore_ledger(resumed) == [0]
+    assert [e.to_dict() for e in resumed.events] == [e.to_dict() for e in attempt.events]
+
+    # missing: no journal (a run directory of an earlier dpsyn): the checkpoint's events, as before
+    (equal_dir / "checkpoints" / "ledger.journal.json").unlink()
+    resumed = _run_ledger(equal_dir)
+    assert ckpt.load().restore_ledger(resumed) == [0] and len(resumed) == 1
+
+    # another configuration's journal: refused, as the checkpointer refuses another configuration's checkpoint
+    other = _run_ledger(tmp_path, {"eps": 1.0})
+    with pytest.raises(ValueError, match=r"journalled under another configuration \(differing: eps\)"):
+        Checkpointer.in_run(tmp_path, "m.pt", {"lr": 0.1}).load().restore_ledger(other)
+
+
+def test_a_rerun_without_checkpoint_keeps_the_journal_and_another_config_is_refused(make_cfg, tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    """dpsyn.cli.train: a run killed before its first checkpoint reruns from scratch with the journal's charges;
+    a journal made under another config is refused before anything is charged."""
+    from dpsyn.cli.train import run
+    from dpsyn.lit import gan
+    from dpsyn.results.io import read_json
+
+    over = ("method=dp_gan", "dataset=breast_cancer", "eps=1", "method.checkpoint_every=0", "method.batch_size=16",
+            "trainer.limit_train_batches=6", "metrics.tabular.classifiers=[logreg]", "metrics.n_samples=40")
+    original = gan.GANModule.training_step
+
+    def crash_at_4(self, batch, idx):
+        if self.dp_steps == 4:
+            raise RuntimeError("killed")
+        return original(self, batch, idx)
+
+    with monkeypatch.context() as m:
+        m.setattr(gan.GANModule, "training_step", crash_at_4)
+        with pytest.raises(RuntimeError, match="killed"):
+            run(make_cfg(*over), tmp_path / "run")
+    journal = read_json(tmp_path / "run" / "checkpoints" / "ledger.journal.json")["events"]
+    assert [e["kind"] for e in journal] == ["approx_dp", "sampled_gaussian"] and journal[1]["steps"] == 4
+    steps_made = []
+    monkeypatch.setattr(gan.GANModule, "training_step",
+                        lambda self, b, i: (steps_made.append(self.dp_steps), original(self, b, i))[1])
+    result = run(make_cfg(*over), tmp_path / "run")
+    # the class proportions reused (charged once), the 4 lost steps kept: 2 more steps to the planned 6
+    assert result["privacy_events"][:1] == journal[:1] and len(result["privacy_events"]) == 2
+    assert result["privacy_events"][1]["steps"] == 6 and steps_made[:3] == [0, 1, 2]
+    assert result["epsilon_spent"] <= 1.0 + 1e-9
+    with pytest.raises(ValueError, match="fitted under another configuration"):
+        run(make_cfg(*over, "method.lr_g=0.01"), tmp_path / "run")
+    (tmp_path / "run" / "checkpoints" / "fitted.pt").unlink()
+    with pytest.raises(ValueError, match="journalled under another configuration"):
+        run(make_cfg(*over, "method.lr_g=0.01"), tmp_path / "run")
+
+
 def test_reserved_keys_and_drop_keys(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path / "m.pt", {"a": 1})
     with pytest.raises(ValueError, match="reserved"):

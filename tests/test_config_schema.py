@@ -126,6 +126,25 @@ def test_method_facts_and_schemas_agree_with_the_methods() -> None:
     assert tuple(fields["teacher_arch"].metadata["choices"]) == tuple(TEACHER_ARCHS)
 
 
+def test_the_private_tuning_facts_name_fields_of_the_methods_schemas() -> None:
+    """``accounting_keys`` and ``tunable_keys`` (dpsyn.private_tuning's allowlist) are fields of the method's schema,
+    disjoint, never ``name``; a method that is not DP (a reference: its ledger is non-private) has nothing tunable.
+    tests/test_private_tuning.py shows on the methods' own ledgers that no tunable key changes the curve."""
+    from dpsyn.methods import METHODS
+
+    for name, facts in METHOD_FACTS.items():
+        fields = set(METHOD_SCHEMAS[name].__dataclass_fields__)
+        acc, tun = set(facts.accounting_keys), set(facts.tunable_keys)
+        assert acc <= fields and tun <= fields, (name, sorted((acc | tun) - fields))
+        assert not acc & tun, (name, sorted(acc & tun))
+        assert "name" not in acc | tun
+        assert len(facts.tunable_keys) == len(tun) and len(facts.accounting_keys) == len(acc), name
+        if METHODS.get(name).reference:
+            assert not tun, name
+        elif METHODS.get(name).output_depends_on_eps():  # spends privacy: its accounting reads something
+            assert acc, name
+
+
 def test_schema_choices_match_the_methods_constants() -> None:
     from dpsyn.config import schema
     from dpsyn.methods.dp_mepf import COUNTS, MOMENTS

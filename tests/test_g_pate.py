@@ -13,7 +13,8 @@ from torch.nn import functional as F
 from dpsyn.methods import g_pate
 from dpsyn.methods.g_pate import aggregate_votes, bin_centres, dp_grad_agg, random_projections, teacher_votes
 from dpsyn.nets.dcgan import CondDCGANDiscriminator
-from dpsyn.nets.ensemble import CondConvTeacher, CondMLPTeacher, TeacherEnsemble, TeacherPartitions
+from dpsyn.data.partitions import KeyedPartitions, partition_key
+from dpsyn.nets.ensemble import CondConvTeacher, CondMLPTeacher, TeacherEnsemble
 from dpsyn.testing import assert_close_but_for_kinks
 from tests.conftest import crash_on_call
 
@@ -113,22 +114,27 @@ def test_the_gradient_check_tolerates_a_kink_flip_but_not_a_wrong_gradient() -> 
         assert_close_but_for_kinks(nan, few, max_fraction=0)
 
 
+def _parts(n: int, k: int) -> KeyedPartitions:
+    return KeyedPartitions(np.arange(n), k, key=partition_key(0, "teachers"))
+
+
 def test_partitions_are_disjoint_and_each_teacher_samples_only_its_own() -> None:
-    parts = TeacherPartitions(103, 10, generator=torch.Generator().manual_seed(0))
-    assert parts.rows.shape == (10, 10)  # floor(103 / 10) rows each; 3 rows used by no teacher
-    assert len(set(parts.rows.flatten().tolist())) == 100
-    seen = [set() for _ in range(10)]
-    for _ in range(7):  # several passes: reshuffles when a partition is exhausted
-        idx = parts.sample(4)
+    """(The partitions' own tests: tests/test_partitions.py.) Every row in one partition, and a teacher's batches
+    come from its partition only; a pass reads each of its rows once."""
+    parts = _parts(103, 10)
+    members = [set(parts.members(i).tolist()) for i in range(10)]
+    assert sum(len(m) for m in members) == 103 and set().union(*members) == set(range(103))
+    sizes = [len(m) for m in members]
+    passes = [[set() for _ in range(10)] for _ in range(8)]
+    for c in range(8):
+        idx, mask = parts.batch(None, 4)
         for i in range(10):
-            assert set(idx[i].tolist()) <= set(parts.rows[i].tolist())
-            assert len(set(idx[i].tolist())) == 4
-            seen[i] |= set(idx[i].tolist())
-    assert all(len(s) == 10 for s in seen)
-    contiguous = TeacherPartitions(20, 4, shuffle=False)
-    assert contiguous.rows.tolist() == [list(range(5 * i, 5 * i + 5)) for i in range(4)]
-    with pytest.raises(ValueError, match="teacher batch"):
-        parts.sample(11)
+            got = idx[i][mask[i]].tolist()
+            assert set(got) <= members[i] and len(set(got)) == len(got) == min(4, sizes[i])
+            p = c // max(sizes[i] // 4, 1)  # the pass the batch belongs to: its rows are new to that pass
+            assert not passes[p][i] & set(got)
+            passes[p][i] |= set(got)
+    assert all(passes[0][i] == members[i] for i in range(10) if sizes[i] <= 4)  # small: all of it each time
 
 
 def test_each_teacher_learns_only_from_its_own_partition() -> None:
@@ -136,19 +142,19 @@ def test_each_teacher_learns_only_from_its_own_partition() -> None:
     n, tb = 4, 5
     torch.manual_seed(0)
     x_all, y_all = torch.rand(40, 1, 28, 28), torch.randint(0, 3, (40,))
-    parts = TeacherPartitions(40, n, generator=torch.Generator().manual_seed(0))
-    rows = parts.sample(tb)
+    parts = _parts(40, n)
+    rows, mask = parts.batch(None, tb)
     fake, fake_y = torch.rand(6, 1, 28, 28), torch.randint(0, 3, (6,))
 
     def step(x: torch.Tensor) -> list[torch.Tensor]:
         ens = TeacherEnsemble.from_modules(_modules("conv", n), lr=1e-2)
-        ens.train_step(x[rows], y_all[rows], fake, fake_y)
+        ens.train_step(x[rows], y_all[rows], fake, fake_y, real_mask=mask)
         return [_flat(ens.teacher(i)) for i in range(n)]
 
     before = [_flat(m) for m in _modules("conv", n)]
     base = step(x_all)
     x_pert = x_all.clone()
-    x_pert[parts.rows[2]] = torch.rand(parts.size, 1, 28, 28)  # every row of partition 2
+    x_pert[parts.members(2)] = torch.rand(len(parts.members(2)), 1, 28, 28)  # every row of partition 2
     pert = step(x_pert)
     for i in range(n):
         assert not torch.equal(base[i], before[i])  # every teacher trained
@@ -267,7 +273,8 @@ def test_g_pate_without_noise_at_eps_inf(make_cfg, tmp_path, caplog) -> None:
 
 
 def test_a_crashed_g_pate_run_resumes_without_spending_twice(make_cfg, tmp_path, monkeypatch) -> None:
-    """Crash in step 4 (checkpoint every 2): the re-run resumes at step 2 and the ledger counts 5 steps once."""
+    """Crash in step 4 (checkpoint every 2): the re-run resumes at step 2 from the checkpoint, keeps the journalled
+    queries of step 3 (its answers were used before the crash) and redoes steps 3-5: 6 steps' queries, each once."""
     from dpsyn.cli.train import run
     from dpsyn.privacy import PrivacyLedger
 
@@ -282,7 +289,7 @@ def test_a_crashed_g_pate_run_resumes_without_spending_twice(make_cfg, tmp_path,
     monkeypatch.setattr(g_pate, "aggregate_votes", original)
     result = run(make_cfg(*over), tmp_path / "run")
     (event,) = result["privacy_events"]
-    assert event["queries"] == 5 * 8  # 2 restored from the checkpoint + 3 made after the resume
+    assert event["queries"] == 6 * 8  # 3 journalled (2 checkpointed + 1 after) + 3 made after the resume
     assert result["epsilon_spent"] <= 1.0
     (tmp_path / "run" / "checkpoints" / "fitted.pt").unlink()  # the method's own check (checkpoints/fitted.pt would refuse first)
     with pytest.raises(ValueError, match="resume with the same config"):
@@ -333,7 +340,7 @@ def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, 
     monkeypatch.setattr("dpsyn.methods.base.dp_class_proportions", lambda *a, **k: pytest.fail("drew new noise"))
     result = run(make_cfg(*over), tmp_path / "run")
     ratio, pate = result["privacy_events"]
-    assert ratio["kind"] == "approx_dp" and pate["queries"] == 5 * 8
+    assert ratio["kind"] == "approx_dp" and pate["queries"] == 6 * 8  # step 3's journalled queries kept
     assert result["sample_provenance"]["class_proportions"] == pytest.approx(list(saved))
 
 
@@ -359,38 +366,41 @@ ROUND = ("method=g_pate", "dataset=fmnist", "dataset.n_private=600", "method.tea
 def test_a_round_uses_whole_disjoint_partitions_label_matched_fakes_and_b_times_k_queries(
     make_cfg, tmp_path, monkeypatch
 ) -> None:
-    """600 rows / 40 teachers = partitions of 15 rows: the batch is 15 (not batch_size=64), every teacher steps on
-    its whole partition (its own rows only, disjoint from the others'), against fakes carrying its rows' labels, and
-    the ledger charges exactly rounds x 15 x k queries."""
+    """600 rows / 40 teachers = partitions of about 15 rows: the batch is 15 (not batch_size=64), a teacher holding
+    at most 15 rows steps on its whole partition (its own rows only, disjoint from the others', the other slots
+    masked) and one holding more on 15 of them, against fakes carrying its rows' labels, and the ledger charges
+    exactly rounds x 15 x k queries."""
     from dpsyn.cli.train import run
 
-    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    sample = TeacherPartitions.sample
+    seen: list[tuple[torch.Tensor, torch.Tensor, list[set[int]], int]] = []
+    batch_fn = KeyedPartitions.batch
 
-    def spy_sample(self, batch):
-        rows = sample(self, batch)
-        seen.append((rows.clone(), self.rows.clone(), torch.tensor(batch)))
-        return rows
+    def spy_batch(self, parts, batch, **kw):
+        rows, mask = batch_fn(self, parts, batch, **kw)
+        seen.append((rows.clone(), mask.clone(), [set(self.members(i).tolist()) for i in range(self.n_parts)], batch))
+        return rows, mask
 
     labels: list[bool] = []
     train_step = TeacherEnsemble.train_step
 
-    def spy_train(self, real_x, real_y, fake_x, fake_y):
-        labels.append(fake_x.shape[:2] == real_x.shape[:2] and torch.equal(real_y, fake_y))
-        return train_step(self, real_x, real_y, fake_x, fake_y)
+    def spy_train(self, real_x, real_y, fake_x, fake_y, real_mask=None):
+        labels.append(fake_x.shape[:2] == real_x.shape[:2]
+                      and torch.equal(real_y[real_mask], fake_y[real_mask]))
+        return train_step(self, real_x, real_y, fake_x, fake_y, real_mask=real_mask)
 
-    monkeypatch.setattr(TeacherPartitions, "sample", spy_sample)
+    monkeypatch.setattr(KeyedPartitions, "batch", spy_batch)
     monkeypatch.setattr(TeacherEnsemble, "train_step", spy_train)
     result = run(make_cfg(*ROUND, "eps=5"), tmp_path / "run")
     rounds = result["sample_provenance"]["steps"]
     assert rounds == 5 and len(seen) == rounds and all(labels) and len(labels) == rounds  # trainer=debug: 5 rounds
     assert result["sample_provenance"]["batch"] == 15 and result["sample_provenance"]["teacher_batch"] == 15
-    for rows, owned, batch in seen:
-        assert int(batch) == 15
-        flat = rows.flatten()
-        assert len(torch.unique(flat)) == len(flat) == 600  # disjoint, and together every row once
-        for i in range(40):  # teacher i reads exactly its own partition
-            assert sorted(rows[i].tolist()) == sorted(owned[i].tolist())
+    for rows, mask, owned, batch in seen:
+        assert batch == 15
+        flat = rows[mask]
+        assert len(torch.unique(flat)) == len(flat)  # disjoint
+        for i in range(40):  # teacher i reads its own partition only: all of it when it holds at most 15 rows
+            got = set(rows[i][mask[i]].tolist())
+            assert got <= owned[i] and len(got) == min(15, len(owned[i]))
     (event,) = result["privacy_events"]
     assert event["queries"] == rounds * 15 * 2
 
@@ -406,10 +416,10 @@ def test_teacher_fakes_shows_each_teacher_r_label_matched_fakes_per_real_row_at_
     seen: list[tuple[torch.Size, torch.Size, bool, int]] = []
     train_step = TeacherEnsemble.train_step
 
-    def spy_train(self, real_x, real_y, fake_x, fake_y):
+    def spy_train(self, real_x, real_y, fake_x, fake_y, real_mask=None):
         distinct = len(torch.unique(fake_x[0].flatten(1), dim=0))
         seen.append((real_x.shape[:2], fake_x.shape[:2], torch.equal(fake_y, real_y.repeat(1, 3)), distinct))
-        return train_step(self, real_x, real_y, fake_x, fake_y)
+        return train_step(self, real_x, real_y, fake_x, fake_y, real_mask=real_mask)
 
     monkeypatch.setattr(TeacherEnsemble, "train_step", spy_train)
     result = run(make_cfg(*ROUND, "eps=5", "method.teacher_fakes=3"), tmp_path / "run")

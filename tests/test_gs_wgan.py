@@ -3,6 +3,7 @@ and the method end to end (with a resume)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from dpsyn.data.base import Split
+from dpsyn.data.partitions import KeyedPartitions, partition_key
 from dpsyn.methods import gs_wgan
 from dpsyn.methods.gs_wgan import (
     SAMPLING_NOTE,
@@ -23,13 +25,22 @@ from dpsyn.methods.gs_wgan import (
     sanitize,
 )
 from dpsyn.nets.dcgan import CondDCGANGenerator
-from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
+from dpsyn.nets.ensemble import CondConvTeacher
 from dpsyn.privacy import PrivacyLedger, dp_generator, dpsgd_epsilon
+from dpsyn.privacy.uniform_choice import uniform_choice_epsilon
 from tests.conftest import RecordingBar, crash_on_call, run_context
 
 SMOKE = ("method=gs_wgan", "dataset=fmnist", "method.critics=20", "method.batch_size=4", "method.critic_steps=1",
          "method.ndf=2", "method.ngf=4", "method.z_dim=8", "privacy.deterministic_noise=true",
          "metrics.names.image=[]", "metrics.n_samples=50", "method.warm_start_iterations=2")
+
+
+def _parts(n: int, k: int) -> KeyedPartitions:
+    return KeyedPartitions(np.arange(n), k, key=partition_key(0, "critics"))
+
+
+def _batches(parts: KeyedPartitions, k: int, steps: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(r[0], m[0]) for r, m in (parts.batch([k], batch) for _ in range(steps))]
 
 
 def _critic(ndf: int = 4) -> CondConvTeacher:
@@ -107,14 +118,14 @@ def test_each_critic_trains_only_on_its_own_partition() -> None:
     """Critic 2's turn reads partition 2 only: perturbing every other row leaves it (and the others) unchanged."""
     torch.manual_seed(0)
     x_all, y_all = torch.rand(40, 1, 28, 28), torch.randint(0, 3, (40,))
-    parts = TeacherPartitions(40, 4, generator=torch.Generator().manual_seed(0))
     G = _gen()
+    own = _parts(40, 4).members(2)
 
     def turn(x: torch.Tensor) -> list[torch.Tensor]:
         torch.manual_seed(5)
         bank = CriticBank(_critic, 4, lr=1e-2, betas=(0.5, 0.9))
-        critic_turn(bank, 2, x=x, y=y_all, rows=parts.rows[2], G=G, z_dim=8, steps=3, batch=4, gp_weight=10.0,
-                    drift=1e-3, generator=torch.Generator().manual_seed(0))
+        critic_turn(bank, 2, x=x, y=y_all, batches=_batches(_parts(40, 4), 2, 3, 4), G=G, z_dim=8, num_classes=3,
+                    gp_weight=10.0, drift=1e-3, generator=torch.Generator().manual_seed(0))
         return [bank.flat(i) for i in range(4)]
 
     torch.manual_seed(5)
@@ -122,7 +133,7 @@ def test_each_critic_trains_only_on_its_own_partition() -> None:
     init = [fresh.flat(i) for i in range(4)]
     base = turn(x_all)
     others = torch.ones(40, dtype=torch.bool)
-    others[parts.rows[2]] = False
+    others[own] = False
     x_pert = x_all.clone()
     x_pert[others] = torch.rand(int(others.sum()), 1, 28, 28)
     pert = turn(x_pert)
@@ -131,7 +142,7 @@ def test_each_critic_trains_only_on_its_own_partition() -> None:
     for i in (0, 1, 3):
         assert torch.equal(base[i], init[i]) and torch.equal(pert[i], init[i])
     x_own = x_all.clone()
-    x_own[parts.rows[2]] = torch.rand(len(parts.rows[2]), 1, 28, 28)
+    x_own[own] = torch.rand(len(own), 1, 28, 28)
     assert not torch.equal(turn(x_own)[2], base[2])  # its own rows do matter
 
 
@@ -173,7 +184,8 @@ def _method(make_cfg, *over: str, **ctx_kw):
 
 def _tiny() -> Split:
     rng = np.random.default_rng(0)
-    return Split(rng.random((60, 1, 28, 28), dtype=np.float32), rng.integers(0, 3, 60).astype(np.int64))
+    return Split(rng.random((60, 1, 28, 28), dtype=np.float32), rng.integers(0, 3, 60).astype(np.int64),
+                 np.arange(60))
 
 
 def test_ledger_epsilon_is_within_target_and_matches_independent_accountants(make_cfg) -> None:
@@ -185,20 +197,28 @@ def test_ledger_epsilon_is_within_target_and_matches_independent_accountants(mak
     m.fit(_tiny(), PrivacyBudget(2.0, 1e-5), ledger)
     (event,) = ledger.events
     sigma = m.train_log["sigma"]
-    assert sigma == gs_wgan_sigma(epsilon=2.0, delta=1e-5, critics=10, iterations=3, batch_size=4, accountant="rdp")
-    # one step an iteration: its 4 releases share the critic drawn (sensitivity 2C sqrt(4)), rate 1/10
-    assert event.noise_multiplier == pytest.approx(sigma / (2 * 2)) and event.sample_rate == 0.1 and event.steps == 3
-    assert SAMPLING_NOTE in event.label
+    assert sigma == gs_wgan_sigma(epsilon=2.0, delta=1e-5, critics=10, iterations=3, batch_size=4)
+    # one step an iteration: its 4 releases share the critic drawn (sensitivity 2C sqrt(4)), one of 10 critics
+    assert event.kind == "uniform_choice_gaussian" and event.sampling == "uniform_one_of_k"
+    assert event.noise_multiplier == pytest.approx(sigma / (2 * 2)) and event.population == 10 and event.steps == 3
+    assert event.bound == "convexity" and SAMPLING_NOTE in event.label
+    assert "poisson" not in str(ledger.to_dict()["events"]).lower()  # no GS-WGAN event says Poisson
     eps = ledger.epsilon()
-    assert 1.9 < eps <= 2.0  # calibrated to the target (Opacus's bisection tolerance 0.01)
-    assert eps == pytest.approx(dpsgd_epsilon(noise_multiplier=sigma / 4, sample_rate=0.1, steps=3, delta=1e-5))
-    # an independent RDP implementation (Google's dp_accounting) at the same orders
+    assert 1.99 < eps <= 2.0  # calibrated to the target (bisection to 0.01% of the noise)
+    assert eps == pytest.approx(uniform_choice_epsilon(population=10, noise_multiplier=sigma / 4, steps=3,
+                                                       delta=1e-5))
+    # the remove pair of Poisson subsampling is one the mechanism can produce (the other critics' outputs all at the
+    # far side of the ball), so its epsilon (Google's dp_accounting, independent) is a lower bound of the charge;
+    # the charge is at most Wang, Balle & Kasiviswanathan's sampling-without-replacement bound here
     dpa = pytest.importorskip("dp_accounting")
     from dp_accounting.rdp import rdp_privacy_accountant
 
     acc = rdp_privacy_accountant.RdpAccountant(orders=rdp_orders())
     acc.compose(dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(sigma / 4)), 3)
-    assert eps == pytest.approx(acc.get_epsilon(1e-5), rel=1e-4)
+    wor = rdp_privacy_accountant.RdpAccountant(orders=rdp_orders(),
+                                               neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    wor.compose(dpa.SampledWithoutReplacementDpEvent(10, 1, dpa.GaussianDpEvent(sigma / 4)), 3)
+    assert acc.get_epsilon(1e-5) < eps <= wor.get_epsilon(1e-5)
     # the charge's premise, checked by dp_accounting: 4 Gaussian releases of noise multiplier sigma/2 (each of
     # sensitivity 2C) compose to exactly one of multiplier sigma/4 (sensitivity 2C sqrt(4))
     four = rdp_privacy_accountant.RdpAccountant(orders=rdp_orders())
@@ -219,9 +239,12 @@ def test_published_analysis_undercounts_the_authors_mnist_setting() -> None:
     sampling-without-replacement analysis); one step an iteration, as dpsyn charges it, gives 366."""
     args = dict(sigma=2.14, critics=1000, batch_size=32, iterations=20000)
     assert published_analysis_epsilon(**args, delta=1e-5, accountant="rdp") == pytest.approx(4.4502, abs=1e-3)
-    true = dpsgd_epsilon(noise_multiplier=iteration_noise_multiplier(2.14, 32), sample_rate=1e-3, steps=20000,
-                         delta=1e-5)
-    assert true == pytest.approx(365.73, abs=0.05)
+    per_iteration = dpsgd_epsilon(noise_multiplier=iteration_noise_multiplier(2.14, 32), sample_rate=1e-3,
+                                  steps=20000, delta=1e-5)
+    assert per_iteration == pytest.approx(365.73, abs=0.05)  # the Poisson argument, one step an iteration
+    charged = uniform_choice_epsilon(population=1000, noise_multiplier=iteration_noise_multiplier(2.14, 32),
+                                     steps=20000, delta=1e-5)
+    assert charged >= per_iteration
     assert iteration_noise_multiplier(2.14, 32) == pytest.approx(1.07 / math.sqrt(32))
 
 
@@ -240,8 +263,9 @@ def test_eps_inf_adds_no_noise_and_records_a_non_private_event(make_cfg, monkeyp
 
 
 def test_gs_wgan_runs_end_to_end_and_resumes_without_charging_twice(make_cfg, tmp_path, monkeypatch) -> None:
-    """Crash in iteration 4 (checkpoint every 2): privacy.json has the 4 iterations charged; the re-run resumes at
-    iteration 2 and the ledger counts 5 iterations (one step each, its 4 releases sharing the critic) once."""
+    """Crash in iteration 4 (checkpoint every 2): the journal has the 4 iterations charged; the re-run resumes at
+    iteration 2 from the checkpoint, keeps iterations 3 and 4 charged (their releases happened), and stops when 5
+    are charged: 3 generator iterations in the released G, 5 charged once each (its 4 releases sharing the critic)."""
     from dpsyn.cli.train import run
 
     over = (*SMOKE, "eps=1", "method.checkpoint_every=2")
@@ -250,19 +274,21 @@ def test_gs_wgan_runs_end_to_end_and_resumes_without_charging_twice(make_cfg, tm
     with pytest.raises(RuntimeError, match="killed"):
         run(make_cfg(*over), tmp_path / "run")
     assert (tmp_path / "run" / "checkpoints" / "gs_wgan.pt").is_file()
-    assert PrivacyLedger.load(tmp_path / "run" / "privacy.json").to_dict()["events"][0]["steps"] == 4
+    journal = json.loads((tmp_path / "run" / "checkpoints" / "ledger.journal.json").read_text())
+    assert journal["events"][0]["steps"] == 4
 
     monkeypatch.setattr(gs_wgan, "generator_step", original)
     result = run(make_cfg(*over), tmp_path / "run")
     (event,) = result["privacy_events"]
-    assert event["kind"] == "sampled_gaussian" and event["steps"] == 5  # trainer=debug: 5 iterations
-    assert event["sample_rate"] == pytest.approx(1 / 20)
+    assert event["kind"] == "uniform_choice_gaussian" and event["steps"] == 5  # trainer=debug: 5 iterations
+    assert event["population"] == 20 and event["sampling"] == "uniform_one_of_k"
+    assert result["adjacency"].startswith("add/remove one private row")  # the relation, in result.json too
     sigma = result["sample_provenance"]["sigma"]
     assert event["noise_multiplier"] == pytest.approx(sigma / (2 * 2))  # batch 4: sensitivity 2C sqrt(4)
     assert 0 < result["epsilon_spent"] <= 1.0
     assert result["epsilon_spent"] == pytest.approx(
-        dpsgd_epsilon(noise_multiplier=sigma / 4, sample_rate=1 / 20, steps=5, delta=result["delta"]))
-    assert result["sample_provenance"]["iterations"] == 5 and result["n_samples"] == 50
+        uniform_choice_epsilon(population=20, noise_multiplier=sigma / 4, steps=5, delta=result["delta"]))
+    assert result["sample_provenance"]["iterations"] == 3 and result["n_samples"] == 50
     assert PrivacyLedger.load(tmp_path / "run" / "privacy.json").epsilon() == pytest.approx(result["epsilon_spent"])
     (tmp_path / "run" / "checkpoints" / "fitted.pt").unlink()  # the method's own check (checkpoints/fitted.pt would refuse first)
     with pytest.raises(ValueError, match="holds no critics"):  # a finished run drops its critics (unreleased)
@@ -334,20 +360,23 @@ def test_the_warm_start_trains_every_critic_on_its_own_partition_and_resets_thei
     every critic moves, and every Adam starts afresh afterwards (the authors load the weights into new optimisers)."""
     torch.manual_seed(0)
     x_all, y_all = torch.rand(40, 1, 28, 28), torch.randint(0, 3, (40,))
-    parts = TeacherPartitions(40, 4, generator=torch.Generator().manual_seed(0))
+    parts = _parts(40, 4)
     bank = CriticBank(_critic, 4, lr=1e-2, betas=(0.5, 0.9))
     init = [bank.flat(i) for i in range(4)]
     seen, made = [], []
     original = gs_wgan.critic_steps_on
     monkeypatch.setattr(gs_wgan, "critic_steps_on",
-                        lambda critic, opt, **kw: seen.append((kw["rows"], kw["G"])) or original(critic, opt, **kw))
+                        lambda critic, opt, **kw: seen.append((kw["batches"], kw["G"])) or original(critic, opt, **kw))
     gs_wgan.warm_start(bank, parts, x=x_all, y=y_all, make_generator=lambda: made.append(_gen()) or made[-1],
                        iterations=3, critic_steps=2, batch=4, z_dim=8, num_classes=3, gp_weight=10.0, drift=1e-3,
                        lr_g=1e-3, betas=(0.5, 0.9), generator=torch.Generator().manual_seed(0), progress=True)
     assert len(seen) == 4 * 3 and len(made) == 4
-    for call, (rows, G) in enumerate(seen):
+    owner = parts.owner()
+    for call, (batches, G) in enumerate(seen):
         k = call // 3
-        assert torch.equal(rows, parts.rows[k]) and G is made[k]
+        assert len(batches) == 2 and G is made[k]
+        for rows, mask in batches:
+            assert (owner[rows[mask].numpy()] == k).all() and mask.any()
     for i in range(4):
         assert not torch.equal(bank.flat(i), init[i])
     assert bank.steps.tolist() == [0.0] * 4
@@ -360,7 +389,7 @@ def test_a_warm_started_critic_depends_on_its_own_partition_only(chunk: int) -> 
     same, also when the four critics warm up in one vmap call (chunk 4). DPImageBench's GS-WGAN (@565f8d7
     models/gs_wgan.py:402-404) loads every critic from the last critic's warm start, so a row of that partition
     reaches every critic and the 1/K sampling of the accountant fails for it."""
-    def warmed(x_all: torch.Tensor, y_all: torch.Tensor, parts: TeacherPartitions) -> list[torch.Tensor]:
+    def warmed(x_all: torch.Tensor, y_all: torch.Tensor, parts: KeyedPartitions) -> list[torch.Tensor]:
         torch.manual_seed(1)
         bank = CriticBank(_critic, 4, lr=1e-2, betas=(0.5, 0.9))
         gs_wgan.warm_start(bank, parts, x=x_all, y=y_all, make_generator=_gen, iterations=3, critic_steps=2, batch=4,
@@ -370,10 +399,10 @@ def test_a_warm_started_critic_depends_on_its_own_partition_only(chunk: int) -> 
 
     torch.manual_seed(0)
     x_all, y_all = torch.rand(40, 1, 28, 28), torch.randint(0, 3, (40,))
-    parts = TeacherPartitions(40, 4, generator=torch.Generator().manual_seed(0))
+    parts = _parts(40, 4)
     before = warmed(x_all, y_all, parts)
     changed = x_all.clone()
-    changed[parts.rows[3]] = torch.rand(len(parts.rows[3]), 1, 28, 28)
+    changed[parts.members(3)] = torch.rand(len(parts.members(3)), 1, 28, 28)
     after = warmed(changed, y_all, parts)
     assert all(torch.equal(before[k], after[k]) for k in range(3))
     assert not torch.equal(before[3], after[3])
@@ -402,7 +431,7 @@ def test_critics_warmed_up_together_get_what_each_ones_own_loop_gives() -> None:
 def _check_chunks_against_the_loop(gen) -> None:
     torch.manual_seed(0)
     x_all, y_all = torch.rand(50, 1, 28, 28), torch.randint(0, 3, (50,))
-    parts = TeacherPartitions(50, 5, generator=torch.Generator().manual_seed(0))
+    parts = _parts(50, 5)
     out = {}
     for chunk in (1, 2, 5):
         torch.manual_seed(1)
@@ -481,7 +510,7 @@ def test_the_warm_start_charges_nothing_and_releases_no_critic(make_cfg, tmp_pat
     result = run(make_cfg(*over), tmp_path / "run")
     assert len(calls) == 1  # resumed from the checkpoint: no second warm start
     (event,) = result["privacy_events"]
-    assert event["kind"] == "sampled_gaussian" and event["steps"] == 5  # the main run's iterations only
+    assert event["kind"] == "uniform_choice_gaussian" and event["steps"] == 5  # the main run's iterations only
     cold = run(make_cfg(*over, "method.warm_start_iterations=0"), tmp_path / "cold")
     assert cold["privacy_events"][0]["steps"] == event["steps"]
     assert result["sample_provenance"]["warm_start_iterations"] == 2
@@ -540,7 +569,60 @@ def test_output_frequencies_keeps_g_in_the_band_and_charges_the_same(make_cfg, m
     logits = torch.logit(torch.from_numpy(method.sample(20).x).double().clamp(1e-6, 1 - 1e-6)).flatten(1)
     assert (logits - (logits @ basis.double()) @ basis.double().T).abs().max() < 1e-2
     (plain,), (band,) = ledgers[None].events, ledgers[4].events
-    assert (band.noise_multiplier, band.sample_rate, band.steps) == (plain.noise_multiplier, plain.sample_rate,
-                                                                     plain.steps)
+    assert (band.noise_multiplier, band.population, band.steps) == (plain.noise_multiplier, plain.population,
+                                                                    plain.steps)
     assert ledgers[4].epsilon() == ledgers[None].epsilon() and "4x4 lowest DCT frequencies" in band.label
 
+
+
+def test_private_runs_refuse_the_authors_drawn_schedule(make_cfg) -> None:
+    """Training the critic drawn makes every critic depend on the secret draws of earlier iterations (hidden state),
+    which no bound here covers: a private run refuses it before any work; eps=inf runs it."""
+    from dpsyn.methods import PrivacyBudget
+
+    with pytest.raises(ValueError, match="critic_schedule=drawn.*eps=inf only"):
+        _method(make_cfg, "method.critic_schedule=drawn").fit(_tiny(), PrivacyBudget(2.0, 1e-5),
+                                                              PrivacyLedger(target_epsilon=2.0, delta=1e-5))
+    m = _method(make_cfg, "eps=inf", "method.critic_schedule=drawn")
+    m.fit(_tiny(), PrivacyBudget(math.inf, 1e-5), PrivacyLedger(target_epsilon=math.inf, delta=1e-5))
+    assert m.train_log["critic_schedule"] == "drawn"
+
+
+@pytest.mark.parametrize("fresh", [0, 2])
+def test_critics_train_on_a_public_schedule_and_the_release_reads_the_critic_drawn(make_cfg, monkeypatch,
+                                                                                   fresh: int) -> None:
+    """Iteration t trains critic t mod K (kept) whatever was drawn; the sanitised gradient goes through the critic
+    the DP picker drew; with fresh_steps a throw-away copy of that critic takes the steps on its own partition and
+    the bank keeps the critic as it was."""
+    from dpsyn.methods import PrivacyBudget
+
+    turns, released = [], []
+    real_turn = gs_wgan.critic_turn
+
+    def turn(bank, k, *, batches, keep=True, **kw):
+        before = bank.flat(k).clone()
+        out = real_turn(bank, k, batches=batches, keep=keep, **kw)
+        turns.append((k, keep, len(batches), torch.equal(bank.flat(k), before)))
+        return out
+
+    real_step = gs_wgan.generator_step
+
+    def step(G, critic, **kw):
+        released.append(torch.cat([p.detach().flatten() for p in critic.parameters()]).clone())
+        return real_step(G, critic, **kw)
+
+    draws = []
+    real_draw = gs_wgan.draw_critics
+    monkeypatch.setattr(gs_wgan, "draw_critics", lambda k, n, g: draws.append(real_draw(k, n, g)) or draws[-1])
+    monkeypatch.setattr(gs_wgan, "critic_turn", turn)
+    monkeypatch.setattr(gs_wgan, "generator_step", step)
+    m = _method(make_cfg, "method.iterations=5", "method.critic_steps=2", f"method.fresh_steps={fresh}",
+                "method.warm_start_iterations=0")
+    m.fit(_tiny(), PrivacyBudget(2.0, 1e-5), PrivacyLedger(target_epsilon=2.0, delta=1e-5))
+    kept = [t for t in turns if t[1]]
+    assert [t[0] for t in kept] == [0, 1, 2, 3, 4] and all(t[2] == 2 and not t[3] for t in kept)  # t mod K (K=10)
+    thrown = [t for t in turns if not t[1]]
+    assert len(thrown) == (5 if fresh else 0)
+    assert [t[0] for t in thrown] == [int(d) for d in draws][: len(thrown)]
+    assert all(t[2] == fresh and t[3] for t in thrown)  # the bank's critic unchanged by the copy's steps
+    assert len(released) == len(draws) == 5

@@ -78,12 +78,15 @@ def test_dp_mepf_sigmas_unchanged(epsilon, delta, calibration, fractions):
 
 @pytest.mark.parametrize(("epsilon", "delta"), BUDGETS[:3])
 def test_gs_wgan_sigma_is_twice_sqrt_b_times_the_per_iteration_noise_multiplier(epsilon, delta):
-    """One step an iteration (its b = 4 releases share the critic drawn: sensitivity 2C sqrt(4)), rate 1/10."""
+    """One step an iteration (its b = 4 releases share the critic drawn: sensitivity 2C sqrt(4)), one of 10 critics
+    drawn uniformly, under the default (convexity) bound and the others."""
     from dpsyn.methods.gs_wgan import SENSITIVITY_FACTOR, gs_wgan_sigma
+    from dpsyn.privacy.uniform_choice import UNIFORM_CHOICE_BOUNDS, uniform_choice_noise_multiplier
 
-    nm = dpsgd_noise_multiplier(epsilon=epsilon, delta=delta, sample_rate=0.1, steps=3, accountant="rdp")
-    assert gs_wgan_sigma(epsilon=epsilon, delta=delta, critics=10, iterations=3, batch_size=4, accountant="rdp") \
-        == 2.0 * 2.0 * nm == replace_one_noise_std(nm) * 2.0
+    for bound in UNIFORM_CHOICE_BOUNDS:
+        nm = uniform_choice_noise_multiplier(epsilon=epsilon, delta=delta, population=10, steps=3, bound=bound)
+        assert gs_wgan_sigma(epsilon=epsilon, delta=delta, critics=10, iterations=3, batch_size=4, bound=bound) \
+            == pytest.approx(2.0 * 2.0 * nm) == replace_one_noise_std(nm) * 2.0
     assert SENSITIVITY_FACTOR == 2.0
     with pytest.raises(ValueError, match="noise_multiplier"):
         replace_one_noise_std(0.0)

@@ -195,7 +195,8 @@ def test_release_records_a_pure_dp_event_and_returns_the_remaining_budget() -> N
     # the generator spends the rest with DP-SGD, calibrated for the remaining budget: the total stays in target
     q, steps = 0.05, 400
     nm = dpsgd_noise_multiplier(epsilon=remaining.epsilon, delta=remaining.delta, sample_rate=q, steps=steps)
-    ledger.add(SampledGaussianEvent(noise_multiplier=nm, sample_rate=q, steps=steps, accountant="rdp"))
+    ledger.add(SampledGaussianEvent(sampling="poisson",
+                                    noise_multiplier=nm, sample_rate=q, steps=steps, accountant="rdp"))
     spent = ledger.epsilon()
     assert spent <= target * (1 + 1e-9) and spent > 0.9 * target
     assert ledger.check_within_budget() == spent

@@ -23,7 +23,7 @@ DELTA = 1e-5
 
 
 def sgd(steps: int = 200, accountant: str = "rdp", **kw) -> SampledGaussianEvent:
-    return SampledGaussianEvent(
+    return SampledGaussianEvent(sampling="poisson", 
         noise_multiplier=kw.get("noise_multiplier", 1.1),
         sample_rate=kw.get("sample_rate", 0.01),
         steps=steps,
@@ -313,3 +313,177 @@ def test_events_and_ledger_validate_their_input():
     with pytest.raises(ValueError, match="not a privacy event"):
         PrivacyLedger(target_epsilon=1.0, delta=DELTA).add({"kind": "gaussian"})
     assert GaussianEvent(noise_multiplier=2.0).kind == "gaussian"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the write-ahead journal (dpsyn.privacy.journal): no charge lost on resume
+# ---------------------------------------------------------------------------------------------------------------------
+
+FP = {"method": "m", "eps": 3.0}
+
+
+def _journalled(tmp_path, fingerprint=FP) -> PrivacyLedger:
+    ledger = PrivacyLedger(target_epsilon=3.0, delta=DELTA)
+    ledger.attach_journal(tmp_path / "journal.json", fingerprint=fingerprint)
+    return ledger
+
+
+def _on_disk(tmp_path) -> list[dict]:
+    return json.loads((tmp_path / "journal.json").read_text())["events"]
+
+
+def test_every_recording_call_is_journalled_before_it_returns(tmp_path):
+    import numpy as np
+
+    from dpsyn.privacy import PATEEvent
+    from dpsyn.privacy.pate import pate_smooth_release
+
+    ledger = _journalled(tmp_path)
+    assert _on_disk(tmp_path) == []
+    sid = ledger.add(sgd(steps=0))
+    assert _on_disk(tmp_path) == [e.to_dict() for e in ledger.events]
+    ledger.record_steps(sid, 3)
+    assert _on_disk(tmp_path)[0]["steps"] == 3
+    pid = ledger.add(PATEEvent(sigma_threshold=100.0, sigma=50.0, threshold=10.0, bound="data_dependent"))
+    votes = np.array([[18, 2], [10, 10]])
+    ledger.record_pate_queries(pid, votes, np.array([True, False]))
+    assert _on_disk(tmp_path)[1]["queries"] == 2 and _on_disk(tmp_path)[1]["answered"] == 1
+    assert _on_disk(tmp_path) == [e.to_dict() for e in ledger.events]
+    release = pate_smooth_release(votes=votes, sigma_threshold=100.0, sigma=50.0, threshold=10.0, answered=[True, False],
+                                  order=3.0, beta=0.1, sigma_ss=2.0, delta=DELTA, generator=np.random.default_rng(0))
+    ledger.record_pate_smooth_release(pid, release)
+    assert _on_disk(tmp_path)[1]["smooth_release"] is not None
+    text = (tmp_path / "journal.json").read_text()
+    assert "\n " not in text  # compact: one line, no pretty-printing
+
+
+def test_a_rerun_starts_from_the_journal_and_keeps_its_charges(tmp_path):
+    first = _journalled(tmp_path)
+    first.add(GaussianEvent(noise_multiplier=4.0, count=2, label="histogram"))
+    eid = first.add(sgd(steps=0))
+    first.record_steps(eid, 7)  # killed here: no checkpoint holds these steps
+    rerun = _journalled(tmp_path)
+    assert [e.to_dict() for e in rerun.events] == [e.to_dict() for e in first.events]
+    assert rerun.epsilon() == pytest.approx(first.epsilon())
+    # the rerun starts from scratch: its empty DP-SGD event continues the journal's, the new steps on top of the 7
+    again = rerun.add(sgd(steps=0))
+    assert again == 1 and rerun.events[1].steps == 7
+    rerun.record_steps(again, 5)
+    assert rerun.events[1].steps == 12 and _on_disk(tmp_path)[1]["steps"] == 12
+    # a release that charges at creation is a new release: appended, charged on top of the journal's
+    assert rerun.add(GaussianEvent(noise_multiplier=4.0, count=2, label="histogram")) == 2
+
+
+def test_restore_keeps_the_larger_of_journal_and_checkpoint(tmp_path):
+    """Journal larger than the checkpoint (rounds after it): the journal's charges and extra events are kept."""
+    first = _journalled(tmp_path)
+    eid = first.add(sgd(steps=0))
+    first.record_steps(eid, 4)
+    checkpoint = [e.to_dict() for e in first.events]  # saved at step 4
+    first.record_steps(eid, 2)  # steps 5-6: charged, maybe logged, not checkpointed
+    first.add(GaussianEvent(noise_multiplier=2.0, count=1, label="after the checkpoint"))
+    rerun = _journalled(tmp_path)
+    assert rerun.restore(checkpoint) == [0]
+    assert [e.to_dict() for e in rerun.events] == [e.to_dict() for e in first.events]
+    assert rerun.events[0].steps == 6 and len(rerun) == 2
+    rerun.record_steps(0, 2)  # the rounds redone from the checkpoint's step: charged on top (both happened)
+    assert rerun.events[0].steps == 8 and _on_disk(tmp_path)[0]["steps"] == 8
+
+
+def test_restore_with_an_equal_journal_or_none_is_the_checkpoint(tmp_path):
+    event = sgd(steps=5)
+    checkpoint = [event.to_dict()]
+    # no journal (a run directory of an earlier dpsyn, or the first attempt): the checkpoint, as before
+    bare = _journalled(tmp_path / "a")
+    assert bare.restore(checkpoint) == [0] and [e.to_dict() for e in bare.events] == checkpoint
+    # a journal equal to the checkpoint: the same events, charged once
+    first = _journalled(tmp_path / "b")
+    first.add(sgd(steps=5))
+    rerun = _journalled(tmp_path / "b")
+    assert rerun.restore(checkpoint) == [0] and [e.to_dict() for e in rerun.events] == checkpoint
+    # a checkpoint ahead of its journal (the journal lost writes): the checkpoint's charges
+    behind = _journalled(tmp_path / "c")
+    behind.add(sgd(steps=2))
+    rerun = _journalled(tmp_path / "c")
+    assert rerun.restore(checkpoint) == [0] and rerun.events[0].steps == 5
+
+
+def test_restore_absorbs_a_recharged_prefix_and_refuses_another_runs_records(tmp_path):
+    laplace = ApproxDPEvent(epsilon=0.1, delta=0.0, label="class proportions")
+    first = _journalled(tmp_path)
+    first.add(laplace)
+    eid = first.add(sgd(steps=3))
+    checkpoint = [e.to_dict() for e in first.events]
+    first.record_steps(eid, 1)
+    rerun = _journalled(tmp_path)
+    rerun.add(ApproxDPEvent(epsilon=0.1, delta=0.0, label="class proportions"))  # reused from its file, recorded again
+    assert rerun.restore(checkpoint) == [1]
+    assert [e.to_dict() for e in rerun.events] == [e.to_dict() for e in first.events]  # charged once, 4 steps
+    other = _journalled(tmp_path)
+    with pytest.raises(ValueError, match="not a state of the journal"):
+        other.restore([laplace.to_dict(), sgd(steps=3, noise_multiplier=2.0).to_dict()])
+
+
+def test_a_journal_of_another_configuration_is_refused_at_the_first_recording(tmp_path):
+    first = _journalled(tmp_path)
+    first.add(sgd(steps=3))
+    before = (tmp_path / "journal.json").read_text()
+    other = _journalled(tmp_path, {"method": "m", "eps": 1.0})  # not refused yet: a method's own check comes first
+    assert len(other) == 0
+    with pytest.raises(ValueError, match=r"another configuration \(differing: eps\)"):
+        other.add(sgd(steps=0))
+    with pytest.raises(ValueError, match="another configuration"):
+        other.restore([sgd(steps=3).to_dict()])
+    assert (tmp_path / "journal.json").read_text() == before  # left as it is
+    # a journal of another configuration that holds no event has nothing to lose: replaced
+    empty = tmp_path / "empty"
+    _journalled(empty)
+    fresh = _journalled(empty, {"method": "other"})
+    fresh.add(sgd(steps=1))
+    assert json.loads((empty / "journal.json").read_text())["fingerprint"] == {"method": "other"}
+
+
+def test_reusing_takes_up_an_equal_release_and_only_inside(tmp_path):
+    first = _journalled(tmp_path)
+    first.add(ApproxDPEvent(epsilon=0.1, delta=0.0, label="class proportions"))
+    rerun = _journalled(tmp_path)
+    with rerun.reusing():
+        assert rerun.add(ApproxDPEvent(epsilon=0.1, delta=0.0, label="class proportions")) == 0
+    assert len(rerun) == 1
+    # outside, an equal release is another release (fresh noise): charged again
+    assert rerun.add(ApproxDPEvent(epsilon=0.1, delta=0.0, label="class proportions")) == 1
+
+
+def test_a_renyi_filter_of_an_interrupted_attempt_is_continued(tmp_path):
+    import numpy as np
+
+    from dpsyn.privacy import PATEEvent
+
+    def filter_event(ledger):
+        order, budget = ledger.renyi_filter(sigma_threshold=100.0, sigma=50.0)
+        return PATEEvent(sigma_threshold=100.0, sigma=50.0, threshold=10.0, bound="renyi_filter", filter_order=order,
+                         filter_budget=budget, max_queries=1000, label="votes")
+
+    first = _journalled(tmp_path)
+    pid = first.add(filter_event(first))
+    first.record_pate_queries(pid, np.array([[18, 2]] * 10), np.ones(10, dtype=bool))
+    rerun = _journalled(tmp_path)  # killed before its first checkpoint: the rerun starts from scratch
+    again = rerun.add(filter_event(rerun))  # the same filter: its queries continue within the one budget
+    assert again == 0 and len(rerun) == 1 and rerun.events[0].queries == 10
+    assert rerun.epsilon() == pytest.approx(first.epsilon())
+
+
+def test_absorb_journal_takes_up_charges_another_process_wrote(tmp_path):
+    import pickle
+
+    ledger = _journalled(tmp_path)
+    eid = ledger.add(sgd(steps=0))
+    rank0 = pickle.loads(pickle.dumps(ledger))  # a DDP rank's copy: it journals its steps
+    rank0.record_steps(eid, 3)
+    assert ledger.events[eid].steps == 0
+    ledger.absorb_journal()
+    assert ledger.events[eid].steps == 3 and _on_disk(tmp_path)[0]["steps"] == 3
+    other = pickle.loads(pickle.dumps(ledger))
+    other.detach_journal()
+    other.record_steps(eid, 5)  # detached (a rank other than 0): not written
+    assert _on_disk(tmp_path)[0]["steps"] == 3

@@ -55,7 +55,8 @@ def _event(rng: np.random.Generator, i: int):
                              label=f"a{i}")
     if kind <= 14:
         return _pate(rng, i)
-    return SampledGaussianEvent(noise_multiplier=float(rng.uniform(0.8, 3)), sample_rate=float(rng.uniform(1e-3, 0.05)),
+    return SampledGaussianEvent(sampling="poisson",
+                                noise_multiplier=float(rng.uniform(0.8, 3)), sample_rate=float(rng.uniform(1e-3, 0.05)),
                                 steps=int(rng.integers(1, 300)), accountant=str(rng.choice(["rdp", "prv"])),
                                 label=f"s{i}")
 
@@ -136,7 +137,8 @@ def test_ledger_mixed_composition_uses_rdp_to_epsilon():
 
     ledger = PrivacyLedger(target_epsilon=10.0, delta=DELTA)
     ledger.add(GaussianEvent(noise_multiplier=5.0, count=3))
-    ledger.add(SampledGaussianEvent(noise_multiplier=1.1, sample_rate=0.01, steps=200, accountant="rdp"))
+    ledger.add(SampledGaussianEvent(sampling="poisson",
+                                    noise_multiplier=1.1, sample_rate=0.01, steps=200, accountant="rdp"))
     pate = _pate(np.random.default_rng(3), 0)
     ledger.add(pate)
     orders = rdp_orders()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 from dpsyn.cli.config_check import ConfigError
 from dpsyn.privacy import (
@@ -18,6 +18,7 @@ from dpsyn.privacy import (
     GaussianEvent,
     NonPrivateEvent,
     PATEEvent,
+    PrivacyEvent,
     PrivacyLedger,
     RepeatAndSelectEvent,
     SampledGaussianEvent,
@@ -37,7 +38,8 @@ Q, NM, STEPS, SCORE_NM = 128 / 54000, 1.2, 2000, 20.0
 
 
 def _trial_events() -> list:
-    return [SampledGaussianEvent(noise_multiplier=NM, sample_rate=Q, steps=STEPS, accountant="rdp", label="D"),
+    return [SampledGaussianEvent(sampling="poisson",
+                                 noise_multiplier=NM, sample_rate=Q, steps=STEPS, accountant="rdp", label="D"),
             GaussianEvent(noise_multiplier=SCORE_NM, label="score")]
 
 
@@ -178,8 +180,8 @@ def test_a_trial_score_is_the_noised_count_recorded_before_release() -> None:
 # ---- the search ---------------------------------------------------------------------------------------------------
 
 
-def _search_cfg(make_cfg, *extra: str):
-    return make_cfg("experiment=tune_private", "method=dp_gan", "dataset=digits", "eps=1",
+def _search_cfg(make_cfg, *extra: str, method: str = "dp_gan"):
+    return make_cfg("experiment=tune_private", f"method={method}", "dataset=digits", "eps=1",
                     "tuning.trial_eps=0.5", "privacy.deterministic_noise=true", "metrics.names.image=[acc]", *extra)
 
 
@@ -205,8 +207,7 @@ def test_a_private_search_publishes_only_the_best_trial_and_reads_the_eval_split
         "sampled_gaussian", "gaussian"]
     ledger = PrivacyLedger.from_dict(json.loads((run_dir / "privacy.json").read_text()))
     assert result["epsilon_spent"] == pytest.approx(ledger.epsilon()) and ledger.epsilon() <= 1.0
-    trial = PrivacyLedger(target_epsilon=1.0, delta=1e-5, events=[
-        e for e in RepeatAndSelectEvent(**{k: v for k, v in event.items() if k != "kind"}).events()])
+    trial = PrivacyLedger(target_epsilon=1.0, delta=1e-5, events=list(PrivacyEvent.from_dict(event).events()))
     assert 0.5 <= trial.epsilon() < ledger.epsilon()  # the trial spent its own target, the search more
     t = result["tuning"]
     assert t["role"] == "private" and set(t["selected"]) == {"method.lr_d", "method.lr_g"}
@@ -215,33 +216,268 @@ def test_a_private_search_publishes_only_the_best_trial_and_reads_the_eval_split
     assert f"lr_d: {t['selected']['method.lr_d']}" in published and "role: null" in published
 
 
-def test_a_search_over_the_batch_size_is_refused_and_releases_nothing(make_cfg, tmp_path: Path, monkeypatch) -> None:
-    """Trials that spend different RDP curves break the analysis: the search stops after the first that differs."""
+def _no_trial_may_run(monkeypatch) -> None:
+    """Make drawing K or running a trial fail the test: a refusal must come before both."""
     import dpsyn.cli.train as train
+    import dpsyn.privacy.tuning as tuning
+
+    def drawn(**_: object) -> int:
+        raise AssertionError("K was drawn before the search space was checked")
+
+    def ran(*_: object) -> dict:
+        raise AssertionError("a trial ran before the search space was checked")
+
+    monkeypatch.setattr(tuning, "draw_trial_count", drawn)
+    monkeypatch.setattr(train, "run", ran)
+
+
+@pytest.mark.parametrize("method, key, spec, why", [
+    ("dp_gan", "method.batch_size", "choice(16, 32, 64)", "method.batch_size enters dp_gan's privacy accounting"),
+    ("dp_gan", "method.epochs", "range(1, 4)", "method.epochs enters dp_gan's privacy accounting"),
+    ("gs_wgan", "method.iterations", "int(interval(100, 1000))", "method.iterations enters gs_wgan's privacy"),
+    ("g_pate", "method.teachers", "choice(100, 200)", "method.teachers enters g_pate's privacy accounting"),
+    ("g_pate", "method.sigma_ratio", "interval(0.1, 0.5)", "method.sigma_ratio enters g_pate's privacy"),
+    ("dp_gan", "trainer.max_epochs", "choice(1, 2)", "trainer.max_epochs sets the steps"),
+    ("dp_gan", "trainer.limit_train_batches", "choice(2, 5)", "trainer.limit_train_batches sets the steps"),
+    ("dp_gan", "dataset.n_private", "choice(500, 1000)", "dataset.n_private sets the private rows"),
+    ("dp_gan", "privacy.delta", "choice(1e-5, 1e-6)", "privacy.delta sets the delta"),
+    ("dp_gan", "metrics.classifier.epochs", "choice(1, 2)", "metrics.classifier.epochs sets the DP score"),
+    ("dp_gan", "public.n_public", "choice(100, 200)", "public.n_public is not a method setting"),
+    ("dp_gan", "method.name", "choice(dp_gan, pe)", "method.name is not declared free of dp_gan's accounting"),
+    ("dp_gan", "method.checkpoint_every", "choice(10, 20)", "method.checkpoint_every is not declared free"),
+    ("dp_gan", "method.teachers", "choice(10, 20)", "method.teachers is not a setting of dp_gan"),
+])
+def test_a_space_that_could_change_the_accounting_is_refused_before_k_is_drawn(
+        make_cfg, tmp_path: Path, monkeypatch, method: str, key: str, spec: str, why: str) -> None:
+    """Stopping at the first trial whose curve differs would reveal K >= i: the space is judged from the config
+    alone, before K is drawn and before any trial trains."""
     from dpsyn.private_tuning import private_search
+
+    _no_trial_may_run(monkeypatch)
+    cfg = _search_cfg(make_cfg, method=method)
+    with open_dict(cfg):
+        cfg.tuning.space = {"method.lr_d": "tag(log, interval(1e-4, 1e-3))", key: spec}
+    run_dir = tmp_path / "s" / "run"
+    with pytest.raises(ConfigError) as err:
+        private_search(cfg, run_dir)
+    msg = str(err.value)
+    assert why in msg and "\n" not in msg and "nothing was trained or released" in msg
+    assert "method.lr_d " not in msg  # the tunable key is not named as an offender
+    assert f"tunable for {method}: method." in msg
+    assert not (tmp_path / "s").exists()  # no run directory, no hidden trials folder
+
+
+def test_a_value_the_trials_would_refuse_is_refused_before_k_is_drawn(make_cfg, tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """A draw that fails its trial's config check at trial i would reveal K >= i too: every choice and both ends of
+    every interval are checked against the schemas up front."""
+    from dpsyn.private_tuning import private_search
+
+    _no_trial_may_run(monkeypatch)
+    for space, match in [({"method.lr_d": "interval(-1e-3, 1e-3)"}, r"method.lr_d=-0.001: must"),
+                         ({"method.d_steps": "choice(1, 0)", "method.lr_g": "interval(1e-4, 1e-3)"},
+                          r"method.d_steps=0: must"),
+                         ({"method.beta1": "interval(0.5, 1.0)"}, r"method.beta1=1.0: must")]:
+        cfg = _search_cfg(make_cfg)
+        with open_dict(cfg):
+            cfg.tuning.space = space
+        with pytest.raises(ConfigError, match=match) as err:
+            private_search(cfg, tmp_path / "run")
+        assert "which its trial refuses" in str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_space_of_settings_outside_the_accounting_runs_every_trial(make_cfg, tmp_path: Path, monkeypatch) -> None:
+    """Learning rates, the clip norm, widths and d_steps pass the check; the search runs its K trials as before."""
+    import dpsyn.cli.train as train
+    import dpsyn.privacy.tuning as tuning
+    from dpsyn.private_tuning import check_space, parse_space, private_search
+
+    drawn: list[int] = []
+    real_draw = tuning.draw_trial_count
+
+    def spy(**kw: object) -> int:
+        drawn.append(real_draw(**kw))
+        return drawn[-1]
 
     calls: list[dict] = []
 
     def fake_run(tcfg, tdir: Path) -> dict:
         tdir.mkdir(parents=True)
+        np.savez(tdir / "samples.npz", x=np.zeros((40, 1, 28, 28), np.float32), y=np.arange(40) % 10)
+        calls.append({k: OmegaConf.select(tcfg, k) for k in space})
+        ev = [SampledGaussianEvent(sampling="poisson",
+                                   noise_multiplier=4.0, sample_rate=0.1, steps=100, accountant="rdp",
+                                   label="D").to_dict(), GaussianEvent(noise_multiplier=20.0, label="s").to_dict()]
+        return {"privacy_events": ev, "metrics": {"dp_score": 0.1 * len(calls)}, "n_private": 1000,
+                "sample_provenance": {}, "timings": {"fit_s": 1.0}, "metric_info": {"dp_score": {"n_validation": 9}}}
+
+    space = {"method.lr_d": "tag(log, interval(1e-4, 1e-2))", "method.max_grad_norm": "choice(0.5, 1.0, 2.0)",
+             "method.ndf": "choice(16, 32)", "method.d_steps": "range(1, 4)"}
+    monkeypatch.setattr(tuning, "draw_trial_count", spy)
+    monkeypatch.setattr(train, "run", fake_run)
+    cfg = _search_cfg(make_cfg, "tuning.mean_trials=6", "tuning.trials_shape=1", "tuning.trial_eps=0.1", "eps=10")
+    with open_dict(cfg):
+        cfg.tuning.space = space
+    check_space(cfg, parse_space(cfg.tuning.space), 0.1)  # no error
+    result = private_search(cfg, tmp_path / "run")
+    assert drawn and len(calls) == drawn[0] >= 2  # every trial ran
+    assert len({tuple(c.values()) for c in calls}) == len(calls)  # each with its own draw of the settings
+    assert set(result["tuning"]["selected"]) == set(space)
+
+
+def test_every_declared_tunable_key_passes_and_every_accounting_key_is_refused() -> None:
+    """The check is the declared facts, for every registered method (a key in neither list is refused)."""
+    from dpsyn.config import METHOD_FACTS, METHOD_SCHEMAS
+    from dpsyn.private_tuning import untunable_keys
+
+    for name, facts in METHOD_FACTS.items():
+        assert untunable_keys(name, [f"method.{k}" for k in facts.tunable_keys]) == {}, name
+        bad = untunable_keys(name, [f"method.{k}" for k in facts.accounting_keys])
+        assert set(bad) == {f"method.{k}" for k in facts.accounting_keys}
+        assert all("privacy accounting" in why for why in bad.values())
+        other = set(METHOD_SCHEMAS[name].__dataclass_fields__) - set(facts.tunable_keys)
+        assert set(untunable_keys(name, [f"method.{k}" for k in other])) == {f"method.{k}" for k in other}
+        outside = ["trainer.max_epochs", "dataset.n_private", "privacy.accountant", "eps", "seed",
+                   "tuning.trial_eps", "metrics.classifier.epochs", "public.n_public"]
+        assert set(untunable_keys(name, outside)) == set(outside)
+    # a nested key counts as its top-level field
+    assert "method.budget_split.m1" in untunable_keys("dp_mepf", ["method.budget_split.m1", "method.lr"])
+    assert untunable_keys("dp_mepf", ["method.lr", "method.steps"]) == {}  # post-processing of the release
+
+
+def test_a_curve_that_differs_anyway_is_reported_as_a_dpsyn_bug(make_cfg, tmp_path: Path, monkeypatch) -> None:
+    """The after-trial comparison stays as an internal check: reached only if METHOD_FACTS wrongly declares a key
+    tunable (simulated here), it says it is a bug, names neither the trial nor its settings, and releases nothing."""
+    import dataclasses
+
+    import dpsyn.cli.train as train
+    from dpsyn.config import METHOD_FACTS
+    from dpsyn.private_tuning import private_search
+
+    wrong = dataclasses.replace(METHOD_FACTS["dp_gan"], tunable_keys=(*METHOD_FACTS["dp_gan"].tunable_keys,
+                                                                       "batch_size"))
+    monkeypatch.setitem(METHOD_FACTS, "dp_gan", wrong)
+    calls: list[int] = []
+
+    def fake_run(tcfg, tdir: Path) -> dict:
+        tdir.mkdir(parents=True)
         (tdir / "samples.npz").write_bytes(b"x")
         b = int(tcfg.method.batch_size)
-        calls.append({"batch_size": b, "split": tcfg.metrics.split, "eps": tcfg.eps, "role": tcfg.tuning.role})
-        ev = [SampledGaussianEvent(noise_multiplier=4.0, sample_rate=b / 1000, steps=100, accountant="rdp",
+        calls.append(b)
+        ev = [SampledGaussianEvent(sampling="poisson",
+                                   noise_multiplier=4.0, sample_rate=b / 1000, steps=100, accountant="rdp",
                                    label="D").to_dict(), GaussianEvent(noise_multiplier=20.0, label="s").to_dict()]
         return {"privacy_events": ev, "metrics": {"dp_score": 0.5}}
 
     monkeypatch.setattr(train, "run", fake_run)
-    cfg = _search_cfg(make_cfg, "tuning.mean_trials=20", "tuning.trials_shape=1", "tuning.trial_eps=0.1",
-                      "eps=10")
+    cfg = _search_cfg(make_cfg, "tuning.mean_trials=20", "tuning.trials_shape=1", "tuning.trial_eps=0.1", "eps=10")
     with open_dict(cfg):
         cfg.tuning.space = {"method.batch_size": "choice(16, 32, 64, 128)"}
     run_dir = tmp_path / "s" / "run"
-    with pytest.raises(ConfigError, match="another RDP curve"):
+    with pytest.raises(RuntimeError, match="dpsyn bug") as err:
         private_search(cfg, run_dir)
-    assert len({c["batch_size"] for c in calls}) == 2  # stopped at the first trial that differs
-    assert all(c["split"] == "validation" and c["eps"] == 0.1 and c["role"] == "private_trial" for c in calls)
+    assert not isinstance(err.value, ConfigError)
+    assert "trial 2" not in str(err.value) and str(calls[-1]) not in str(err.value)
+    assert len(set(calls)) == 2  # stopped at the first trial that differs
     assert [p.name for p in run_dir.parent.iterdir()] == ["run"] and not any(run_dir.iterdir())
+
+
+# ---- the declared facts against the ledgers the methods write ------------------------------------------------------
+
+_RUN = ("trainer=debug", "logger=none", "eps=1", "privacy.deterministic_noise=true",
+        "trainer.enable_progress_bar=false")
+
+
+def _curve(make_cfg, tmp_path: Path, method: str, *extra: str):
+    """The privacy curve (events_rdp of the ledger's events) of the tiny run of ``method`` with ``extra``; for a
+    ledger without one (an approximate-DP event with delta > 0), its events without their labels."""
+    from dpsyn.cli.train import run
+    from tests.tiny import TINY
+
+    result = run(make_cfg(*_RUN, *TINY[method], *extra), tmp_path / f"run-{len(list(tmp_path.iterdir()))}")
+    events = [PrivacyEvent.from_dict(e) for e in result["privacy_events"]]
+    try:
+        return events_rdp(events, rdp_orders())
+    except ValueError:
+        return [{k: v for k, v in e.to_dict().items() if k != "label"} for e in events]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.shape == b.shape and bool(np.allclose(a, b, rtol=1e-12, atol=0.0))
+    return a == b
+
+
+def test_a_tunable_key_leaves_pate_gans_curve_unchanged_and_an_accounting_key_changes_it(make_cfg,
+                                                                                         tmp_path: Path) -> None:
+    from dpsyn.config import METHOD_FACTS
+
+    facts = METHOD_FACTS["pate_gan"]
+    assert {"lr_g", "student_steps"} <= set(facts.tunable_keys)
+    assert {"batch_size", "teachers", "sigma"} <= set(facts.accounting_keys)
+    base = _curve(make_cfg, tmp_path, "pate_gan")
+    assert isinstance(base, np.ndarray) and base.max() > 0
+    assert _same(base, _curve(make_cfg, tmp_path, "pate_gan", "method.lr_g=1e-3", "method.student_steps=2"))
+    for changed in ("method.batch_size=5", "method.steps=3", "method.sigma=40", "method.sigma_threshold=80"):
+        assert not _same(base, _curve(make_cfg, tmp_path, "pate_gan", changed)), changed
+    # the teachers enter through the noise given as ratios of them (the tiny run gives it in votes)
+    ratio = ("method.sigma=null", "method.sigma_ratio=5")
+    assert not _same(_curve(make_cfg, tmp_path, "pate_gan", *ratio),
+                     _curve(make_cfg, tmp_path, "pate_gan", *ratio, "method.teachers=12"))
+
+
+# every tunable key of every method, a valid other value for its tiny run (tests/tiny.py)
+_OTHER_VALUES: dict[str, tuple[str, ...]] = {
+    "real": (), "privgan": (), "gan": (), "icgan_nonprivate": (), "dp_mge": (),
+    "public_uniform": ("method.public_pool=500", "method.other_classes=exclude"),
+    "dp_gan": ("method.lr_g=1e-3", "method.lr_d=1e-3", "method.beta1=0.3", "method.z_dim=16",
+               "method.max_grad_norm=2.0", "method.dpsgd_step=split", "method.split_fake_rows=4", "method.ngf=8",
+               "method.ndf=8", "method.d_steps=2", "method.table_g_hidden=[16]", "method.table_d_hidden=[16]"),
+    "dp_gan_mi": ("method.lr_g=1e-3", "method.lr_d=1e-3", "method.beta1=0.3", "method.z_dim=16",
+                  "method.max_grad_norm=2.0", "method.dpsgd_step=split", "method.split_fake_rows=4",
+                  "method.hidden=32", "method.layers=3"),
+    "dp_gan_ft": ("method.lr_g=1e-3", "method.lr_d=1e-3", "method.beta1=0.3", "method.z_dim=16",
+                  "method.max_grad_norm=2.0", "method.dpsgd_step=split", "method.split_fake_rows=4",
+                  "method.hidden=32", "method.layers=3", "method.pretrain_steps=5", "method.pretrain_batch_size=32",
+                  "method.max_public=300"),
+    "dp_dre": ("method.hidden=32", "method.lr=1e-2", "method.max_grad_norm=2.0", "method.ratio_power=0.5",
+               "method.public_batch_size=64", "method.public_pool=500", "method.other_classes=exclude"),
+    "dp_mepf": ("method.steps=2", "method.batch_size=8", "method.lr=1e-2", "method.beta1=0.3", "method.z_dim=16",
+                "method.ngf=8", "method.pretrain_steps=2", "method.max_public=300"),
+    "g_pate": ("method.lr_g=1e-2", "method.lr_d=1e-2", "method.lr_g_decay_start=0.5", "method.beta1=0.3",
+               "method.ema=0.9", "method.z_dim=6", "method.ngf=8", "method.ndf=3", "method.teacher_hidden=16",
+               "method.d_hidden=[4]", "method.g_hidden=[4]", "method.latent=normal", "method.teacher_steps=2",
+               "method.teacher_fakes=2", "method.clip=1e-3", "method.bins=5"),
+    "pate_gan": ("method.lr_g=1e-3", "method.lr_s=1e-3", "method.lr_d=1e-2", "method.beta1=0.3", "method.z_dim=6",
+                 "method.ngf=8", "method.ndf=3", "method.student_ndf=5", "method.teacher_hidden=16",
+                 "method.d_hidden=[4]", "method.g_hidden=[4]", "method.s_hidden=[4]", "method.teacher_steps=2",
+                 "method.student_steps=2"),
+    "gs_wgan": ("method.lr_g=1e-3", "method.lr_d=1e-3", "method.beta1=0.3", "method.beta2=0.8", "method.z_dim=6",
+                "method.ngf=8", "method.ndf=3", "method.gp_weight=5.0", "method.drift=0.01", "method.ema=0.9",
+                "method.clip=0.5", "method.critic_steps=2", "method.warm_start_iterations=2"),
+    "pe": ("method.threshold=2.0", "method.lookahead=2", "method.selection=rank", "method.rank_keep=0.4",
+           "method.feature_noise=0.3", "method.population=50", "method.final_degree=0.2", "method.num_nearest=2"),
+}
+
+
+def test_the_curve_check_covers_every_tunable_key_of_every_method() -> None:
+    from dpsyn.config import METHOD_FACTS
+
+    assert set(_OTHER_VALUES) == set(METHOD_FACTS)
+    for name, overrides in _OTHER_VALUES.items():
+        keys = [o.split("=", 1)[0].removeprefix("method.") for o in overrides]
+        assert sorted(keys) == sorted(METHOD_FACTS[name].tunable_keys), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(m for m, o in _OTHER_VALUES.items() if o))
+def test_no_tunable_key_changes_the_curve_so_the_after_trial_check_is_unreachable(make_cfg, tmp_path: Path,
+                                                                                  method: str) -> None:
+    """Every tunable key of the method set to another value at once: the tiny run's curve (or, without one, its
+    events) is the same, so two trials of a search that passed check_space cannot spend different curves."""
+    base = _curve(make_cfg, tmp_path, method)
+    assert _same(base, _curve(make_cfg, tmp_path, method, *_OTHER_VALUES[method])), method
 
 
 def test_a_search_over_its_target_stops_after_the_first_trial(make_cfg, tmp_path: Path, monkeypatch) -> None:
@@ -253,7 +489,8 @@ def test_a_search_over_its_target_stops_after_the_first_trial(make_cfg, tmp_path
     def fake_run(tcfg, tdir: Path) -> dict:
         tdir.mkdir(parents=True)
         calls.append(tdir)
-        ev = [SampledGaussianEvent(noise_multiplier=0.8, sample_rate=0.1, steps=100, accountant="rdp",
+        ev = [SampledGaussianEvent(sampling="poisson",
+                                   noise_multiplier=0.8, sample_rate=0.1, steps=100, accountant="rdp",
                                    label="D").to_dict()]
         return {"privacy_events": ev, "metrics": {"dp_score": 0.5}}
 

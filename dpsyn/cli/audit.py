@@ -152,7 +152,8 @@ def _dpsgd_outputs(eps: float, delta: float, trials: int, noise: NoiseSource, *,
     from dpsyn.privacy import SampledGaussianEvent, dpsgd_noise_multiplier
 
     nm = dpsgd_noise_multiplier(epsilon=eps, delta=delta, sample_rate=1.0, steps=1, accountant=accountant)
-    claimed = _claimed(SampledGaussianEvent(noise_multiplier=nm, sample_rate=1.0, steps=1, accountant=accountant,
+    claimed = _claimed(SampledGaussianEvent(sampling="poisson", noise_multiplier=nm, sample_rate=1.0, steps=1,
+                                            accountant=accountant,
                                             label="one DP-SGD step at sampling rate 1"), delta=delta)
     half = dim // 2
     layer = torch.nn.Linear(dim, 1, bias=False)
@@ -388,21 +389,20 @@ def _g_pate(eps: float, delta: float, trials: int, noise: NoiseSource, *, arms: 
 def _gs_wgan_claim(eps: float, delta: float, accountant: str) -> tuple[float, float]:
     """GS-WGAN's sigma (in units of C) for one release at eps, and the epsilon claimed for it, charged as gs_wgan
     charges it (:func:`dpsyn.methods.gs_wgan.gs_wgan_sigma`, :func:`~dpsyn.methods.gs_wgan.privacy_event`) for one
-    critic and one release an iteration: a sampled-Gaussian event of noise multiplier sigma / 2 (sensitivity 2C) at
-    sampling rate 1."""
+    critic and one release an iteration: a uniform-choice event of noise multiplier sigma / 2 (sensitivity 2C) on one
+    of one critic (the Gaussian mechanism itself)."""
     from dpsyn.methods import gs_wgan
 
-    sigma = gs_wgan.gs_wgan_sigma(epsilon=eps, delta=delta, critics=1, iterations=1, batch_size=1,
-                                  accountant=accountant)
-    claimed = _claimed(gs_wgan.privacy_event(sigma=sigma, critics=1, batch_size=1, iterations=1, accountant=accountant,
+    sigma = gs_wgan.gs_wgan_sigma(epsilon=eps, delta=delta, critics=1, iterations=1, batch_size=1)
+    claimed = _claimed(gs_wgan.privacy_event(sigma=sigma, critics=1, batch_size=1, iterations=1, bound="convexity",
                                              label="audit: one sanitised gradient"), delta=delta)
     return sigma, claimed
 
 
 def _gs_wgan(eps: float, delta: float, trials: int, noise: NoiseSource, *, accountant: str = "rdp") -> Scores:
     """GS-WGAN's gradient sanitizer (:func:`dpsyn.methods.gs_wgan.sanitize`: clip each per-sample gradient to C, add
-    N(0, (sigma C)^2)), charged as gs_wgan charges it, a sampled-Gaussian event of noise multiplier sigma / 2
-    (sensitivity 2C), here at sampling rate 1 (the critic holding the canary is the one drawn). Neighbours: the
+    N(0, (sigma C)^2)), charged as gs_wgan charges it, a uniform-choice event of noise multiplier sigma / 2
+    (sensitivity 2C), here of one critic (the critic holding the canary is the one drawn). Neighbours: the
     critic's gradient into a fake is +C e on D1, -C e on D0 (the worst case: distance 2C)."""
     import torch
 
@@ -457,11 +457,9 @@ def _gs_wgan_iteration(eps: float, delta: float, trials: int, noise: NoiseSource
     from dpsyn.methods import gs_wgan
 
     K, b, clip = ITERATION_CRITICS, ITERATION_BATCH, 1.0
-    sigma = gs_wgan.gs_wgan_sigma(epsilon=eps, delta=delta, critics=K, iterations=1, batch_size=b,
-                                  accountant=accountant)
-    claimed = _claimed(gs_wgan.privacy_event(sigma=sigma, critics=K, batch_size=b, iterations=1,
-                                             accountant=accountant, label="audit: one gs_wgan iteration"),
-                       delta=delta)
+    sigma = gs_wgan.gs_wgan_sigma(epsilon=eps, delta=delta, critics=K, iterations=1, batch_size=b)
+    claimed = _claimed(gs_wgan.privacy_event(sigma=sigma, critics=K, batch_size=b, iterations=1, bound="convexity",
+                                             label="audit: one gs_wgan iteration"), delta=delta)
     gen = noise.torch()
     scores = []
     for side in (0, 1):

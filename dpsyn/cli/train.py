@@ -8,6 +8,11 @@ Crash safety: right after fit, the method's fitted state (:meth:`~dpsyn.methods.
 ledger are saved to ``checkpoints/fitted.pt`` with a fingerprint of the config; a rerun in the same run directory
 (after a kill while sampling or scoring) restores them and skips fit, so nothing is released or charged twice. A
 state made under another config is refused.
+
+Charges are written ahead: the run's ledger journals itself to ``checkpoints/ledger.journal.json`` inside every
+recording call (:meth:`dpsyn.privacy.PrivacyLedger.attach_journal`), since a SIGKILL skips the ``finally`` that writes
+privacy.json. A rerun starts its ledger from that journal, and a checkpoint it resumes from is merged into it (the
+later state of each event is kept), so the releases a killed attempt made after its last checkpoint stay charged.
 """
 
 from __future__ import annotations
@@ -108,6 +113,16 @@ def fit_fingerprint(cfg: DictConfig, delta: float) -> dict[str, Any]:
     }, sort_keys=True, default=str))
 
 
+def journal_fingerprint(fingerprint: dict[str, Any], method_cls: Any) -> dict[str, Any]:
+    """What a ledger journal must share with the run that merges it: the fit fingerprint without the method's
+    ``resume_free_keys`` (settings a resumed training checkpoint may change too, such as its interval)."""
+    free = set(getattr(method_cls, "resume_free_keys", ()))
+    method = fingerprint.get("method")
+    if not isinstance(method, dict) or not free:
+        return fingerprint
+    return {**fingerprint, "method": {k: v for k, v in method.items() if k not in free}}
+
+
 def _fitted_checkpointer(path: Path, fingerprint: dict[str, Any]) -> Any:
     from dpsyn.results.checkpoint import Checkpointer
 
@@ -156,6 +171,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from dpsyn.metrics import evaluate, make_monitor
     from dpsyn.private_tuning import is_private_trial, trial_score
     from dpsyn.privacy import PrivacyLedger
+    from dpsyn.privacy.ledger import ADJACENCY_TEXT
+    from dpsyn.privacy.journal import JOURNAL_PATH
     from dpsyn.results.grid import save_sample_grid
     from dpsyn.results.io import atomic_save_npz, atomic_write_json, atomic_write_text
 
@@ -210,20 +227,26 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     budget = PrivacyBudget(epsilon=eps, delta=delta)
     fingerprint = fit_fingerprint(cfg, delta)
     fitted = load_fitted_state(run_dir / FITTED_STATE, fingerprint)  # a mismatch is refused before any work
+    ledger = PrivacyLedger(target_epsilon=eps, delta=delta)
+    if not private_trial:  # (a private tuning trial runs once, in a directory of its own, never resumed)
+        # write-ahead: every charge on disk before its release can be used; a rerun keeps the killed attempt's
+        # charges, those made after its last checkpoint too (another configuration's journal is refused here)
+        # (the method's resume-free keys, e.g. a checkpoint interval, may change between attempts: not in it)
+        ledger.attach_journal(run_dir / JOURNAL_PATH, fingerprint=journal_fingerprint(fingerprint, method_cls))
     try:
         if logger is not None:
             logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
         if fitted is not None:
             # killed after fit (sampling, scoring): the fitted state and its ledger are restored, nothing is released
-            # again (fitting again would draw fresh noise: a second release of the same private data)
-            ledger = PrivacyLedger.from_dict(fitted["ledger"])
+            # again (fitting again would draw fresh noise: a second release of the same private data); what the
+            # journal holds beyond the fitted ledger (a DP score of a killed attempt) stays charged
+            ledger.restore(fitted["ledger"]["events"], source=str(run_dir / FITTED_STATE))
             method.load_fitted_state(fitted["state"])
             ledger.save(run_dir / "privacy.json")
             fit_s = float(fitted["fit_s"])
             log.info("%s: fitted state restored from %s (fit skipped, %d ledger events restored)", cfg.method.name,
                      run_dir / FITTED_STATE, len(ledger))
         else:
-            ledger = PrivacyLedger(target_epsilon=eps, delta=delta)
             t0 = time.perf_counter()
             try:
                 method.fit(data.private, budget, ledger, public=data.public)
@@ -289,6 +312,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "epsilon_spent": spent,
             "non_private_reference": bool(method_cls.reference),
             "accountant": ledger.accountant_description(),
+            "adjacency": ADJACENCY_TEXT,  # the neighbour relation of every epsilon here
             "privacy_events": ledger.to_dict()["events"],
             "deterministic_noise": bool(cfg.privacy.deterministic_noise),
             "metrics": metrics,

@@ -246,7 +246,6 @@ class GPATESchema(PATENoiseSchema):
     lr_g_decay_start: Optional[float] = f(None, ge=0, lt=1)
     beta1: float = f(0.5, **ADAM_BETA)
     ema: float = f(0.0, ge=0, lt=1)
-    shuffle_partitions: bool = True
     teacher_chunk: Optional[int] = f(100, **POSITIVE)
     checkpoint_every: int = f(50, **NON_NEGATIVE)
     g_hidden: List[int] = f([64, 64], **WIDTHS)
@@ -279,7 +278,6 @@ class PATEGANSchema(PATENoiseSchema):
     lr_s: float = f(2.0e-4, **GT0)
     lr_d: float = f(1.0e-3, **GT0)
     beta1: float = f(0.5, **ADAM_BETA)
-    shuffle_partitions: bool = True
     teacher_chunk: Optional[int] = f(100, **POSITIVE)
     checkpoint_every: int = f(50, **NON_NEGATIVE)
 
@@ -303,7 +301,9 @@ class GSWGANSchema(MethodSchema):
     ndf: int = f(16, **POSITIVE)
     ema: float = f(0.99, ge=0, lt=1)
     clip_at_inf: bool = True
-    shuffle_partitions: bool = True
+    bound: str = f("convexity", choices=("convexity", "wang2019", "poisson_argument"))
+    critic_schedule: str = f("round_robin", choices=("round_robin", "drawn"))
+    fresh_steps: int = f(0, **NON_NEGATIVE)
     checkpoint_every: int = f(100, **NON_NEGATIVE)
     warm_start_iterations: int = f(50, **NON_NEGATIVE)
     warm_start_chunk: int = f(1, **POSITIVE)
@@ -392,21 +392,84 @@ METHOD_SCHEMAS: Dict[str, type] = {
 
 @dataclass(frozen=True)
 class MethodFacts:
-    """What the preflight must know about a method without importing it (its module imports torch); equal to the
-    method class's ``kinds`` and ``needs_public`` (a test checks)."""
+    """What the preflight must know about a method without importing it (its module imports torch); ``kinds`` and
+    ``needs_public`` equal the method class's (a test checks).
+
+    Private tuning (:mod:`dpsyn.private_tuning`) reads the other two, checked by a search before it draws its
+    number of trials: every trial must spend the same RDP curve, so the search space may hold only keys that cannot
+    change it. Both name top-level fields of the method's schema (a nested key such as ``budget_split.m1`` counts as
+    its field, ``budget_split``); a test checks that they do, and that they are disjoint.
+
+    Attributes:
+        accounting_keys: the method keys its privacy accounting reads (with the run's n, eps, delta, accountant and
+            trainer step limits): the noise calibration, the number of steps, queries or releases, the sample rate,
+            the budget split. Read from the method's ``fit`` (dpsyn/methods/*.py, dpsyn/lit/dpsgd.py).
+        tunable_keys: the method keys shown NOT to enter its accounting (optimiser and architecture settings,
+            post-processing, the clip norm of a noise calibrated in units of it): the ONLY keys a private search may
+            tune (an allowlist: a key in neither tuple, such as a new field, is refused until someone reads the
+            accounting and lists it). Empty for a method that is not DP (a reference) or has nothing to tune.
+    """
 
     kinds: tuple = ("image", "table")
     needs_public: bool = False
+    accounting_keys: tuple = ()
+    tunable_keys: tuple = ()
 
 
 _IMAGE = ("image",)
+# DP-SGD methods: the noise multiplier is calibrated from (eps, delta, q = batch_size / n, the planned steps =
+# epochs x batches, or the trainer's max_epochs / limit_train_batches); the clip norm scales the noise with it
+_DPSGD_ACCOUNTING = ("epochs", "batch_size")
+_DPSGD_GAN_TUNABLE = ("lr_g", "lr_d", "beta1", "z_dim", "max_grad_norm", "dpsgd_step", "split_fake_rows")
+# PATE methods (data-independent bound): queries x (alpha / (2 sigma_threshold^2) + alpha / sigma^2), the noise in
+# votes or as ratios of the teachers, queries = steps x queries a step (stopped where the budget ends)
+_PATE_ACCOUNTING = ("teachers", "sigma_threshold", "sigma", "threshold", "sigma_threshold_ratio", "sigma_ratio",
+                    "threshold_ratio", "bound", "steps", "batch_size", "class_ratio_epsilon")
 METHOD_FACTS: Dict[str, MethodFacts] = {
-    "real": MethodFacts(), "dp_gan": MethodFacts(), "g_pate": MethodFacts(), "pate_gan": MethodFacts(),
-    "privgan": MethodFacts(_IMAGE), "gan": MethodFacts(_IMAGE), "gs_wgan": MethodFacts(_IMAGE),
-    "icgan_nonprivate": MethodFacts(_IMAGE, True), "public_uniform": MethodFacts(_IMAGE, True),
-    "dp_gan_ft": MethodFacts(_IMAGE, True), "dp_gan_mi": MethodFacts(_IMAGE, True),
-    "dp_dre": MethodFacts(_IMAGE, True), "dp_mge": MethodFacts(_IMAGE, True), "dp_mepf": MethodFacts(_IMAGE, True),
-    "pe": MethodFacts(_IMAGE, True),
+    # not DP (their ledgers record a non-private release): nothing to tune privately
+    "real": MethodFacts(),
+    "privgan": MethodFacts(_IMAGE),
+    "gan": MethodFacts(_IMAGE),
+    "icgan_nonprivate": MethodFacts(_IMAGE, True),
+    # reads no private row: spends nothing whatever its settings
+    "public_uniform": MethodFacts(_IMAGE, True, tunable_keys=("public_pool", "other_classes")),
+    "dp_gan": MethodFacts(
+        accounting_keys=(*_DPSGD_ACCOUNTING, "class_ratio_epsilon"),  # tables: Laplace release, DP-SGD the rest
+        tunable_keys=(*_DPSGD_GAN_TUNABLE, "ngf", "ndf", "d_steps", "table_g_hidden", "table_d_hidden")),
+    "dp_gan_mi": MethodFacts(_IMAGE, True, accounting_keys=_DPSGD_ACCOUNTING,
+                             tunable_keys=(*_DPSGD_GAN_TUNABLE, "hidden", "layers")),
+    "dp_gan_ft": MethodFacts(_IMAGE, True, accounting_keys=_DPSGD_ACCOUNTING,  # pretraining: public rows only
+                             tunable_keys=(*_DPSGD_GAN_TUNABLE, "hidden", "layers", "pretrain_steps",
+                                           "pretrain_batch_size", "max_public")),
+    "dp_dre": MethodFacts(_IMAGE, True, accounting_keys=_DPSGD_ACCOUNTING,  # public rows: appended, not accounted
+                          tunable_keys=("hidden", "lr", "max_grad_norm", "ratio_power", "public_batch_size",
+                                        "public_pool", "other_classes")),
+    # Gaussian releases: the shares of the budget and which releases are made
+    "dp_mge": MethodFacts(_IMAGE, True, accounting_keys=("calibration", "mean_share", "conditional", "class_counts",
+                                                         "count_share")),
+    # the embeddings' releases (budget_split, calibration, moments, counts); the generator is post-processing
+    "dp_mepf": MethodFacts(_IMAGE, True,
+                           accounting_keys=("budget_split", "calibration", "moments", "class_counts",
+                                            "class_conditional"),
+                           tunable_keys=("steps", "batch_size", "lr", "beta1", "z_dim", "ngf", "pretrain_steps",
+                                         "max_public")),
+    "g_pate": MethodFacts(
+        accounting_keys=(*_PATE_ACCOUNTING, "batch_from_partition", "projection_dim"),  # b x k queries a round
+        tunable_keys=("lr_g", "lr_d", "lr_g_decay_start", "beta1", "ema", "z_dim", "ngf", "ndf", "teacher_hidden",
+                      "d_hidden", "g_hidden", "latent", "teacher_steps", "teacher_fakes", "clip", "bins")),
+    "pate_gan": MethodFacts(
+        accounting_keys=(*_PATE_ACCOUNTING, "inf_signal"),
+        tunable_keys=("lr_g", "lr_s", "lr_d", "beta1", "z_dim", "ngf", "ndf", "student_ndf", "teacher_hidden",
+                      "d_hidden", "g_hidden", "s_hidden", "teacher_steps", "student_steps")),
+    # one uniform-choice Gaussian event: noise std in units of the clip C, K critics, iterations x b releases
+    "gs_wgan": MethodFacts(
+        _IMAGE, accounting_keys=("critics", "iterations", "batch_size", "bound", "critic_schedule"),
+        tunable_keys=("lr_g", "lr_d", "beta1", "beta2", "z_dim", "ngf", "ndf", "gp_weight", "drift", "ema", "clip",
+                      "critic_steps", "warm_start_iterations")),
+    # T = len(degrees) sensitivity-1 histograms (+1 for DP class counts) at one sigma (given, or calibrated)
+    "pe": MethodFacts(_IMAGE, True, accounting_keys=("degrees", "noise_multiplier", "conditional", "class_proportions"),
+                      tunable_keys=("threshold", "lookahead", "selection", "rank_keep", "feature_noise", "population",
+                                    "final_degree", "num_nearest")),
 }
 
 

@@ -15,8 +15,13 @@ privacy-critical steps are the same in each and written once here:
   of dpsyn steps with, and the one :mod:`dpsyn.cli.audit` audits;
 * :func:`poisson_mask`: the Poisson sample of a hand-written DP-SGD loop (dp_dre), each row kept with probability
   ``sample_rate``, independently;
-* :func:`charge_dpsgd`: the ledger entry for the steps actually made (called in a ``finally``: a crash or an early
-  stop is charged for what it released; a resumed run counts the interrupted run's steps once).
+* :func:`open_dpsgd_event` and :class:`ChargeAhead`: the ledger's DP-SGD event, recorded before the first step, and
+  a Trainer callback that charges each step before it is made (write-ahead: with the run's journal attached,
+  :meth:`~dpsyn.privacy.PrivacyLedger.attach_journal`, the charge is on disk before the noisy step's result can
+  leave the process). The steps charged include those of an interrupted attempt after its last checkpoint (kept
+  from the journal), so training stops when the steps *charged* reach the planned ones: the noise was calibrated
+  for that many, and fewer updates keep the run within its target;
+* :func:`charge_dpsgd`: the ledger entry for the steps made, recorded after training (a hand-written loop's, dp_dre).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -153,6 +159,10 @@ def dp_optimizer(optimizer: torch.optim.Optimizer, *, noise_multiplier: float, m
                expected_batch_size=int(expected_batch_size), loss_reduction="mean", generator=generator)
 
 
+POISSON = "poisson"
+"""The sampling scheme of :func:`poisson_mask` and of the DP-SGD loaders: what their ledger events state."""
+
+
 def poisson_mask(n: int, *, sample_rate: float, generator: torch.Generator) -> torch.Tensor:
     """(n,) bool: row i is in the batch with probability ``sample_rate``, independently of the others (Poisson
     sampling, the scheme the DP-SGD accountants assume). ``generator`` is a DP generator (OS entropy)."""
@@ -167,5 +177,94 @@ def charge_dpsgd(ledger: PrivacyLedger, *, noise_multiplier: float | None, sampl
     if noise_multiplier is None:
         ledger.add(NonPrivateEvent(label=non_private_label))
     else:
-        ledger.add(SampledGaussianEvent(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
+        ledger.add(SampledGaussianEvent(sampling=POISSON, noise_multiplier=noise_multiplier, sample_rate=sample_rate,
                                         steps=steps_done, accountant=accountant, label=label))
+
+
+def open_dpsgd_event(ledger: PrivacyLedger, *, noise_multiplier: float | None, sample_rate: float, accountant: str,
+                     label: str, non_private_label: str, steps_done: int = 0, planned: int | None = None,
+                     name: str = "DP-SGD") -> int | None:
+    """Record the DP-SGD event before the first step and return its id (``noise_multiplier`` None: a run without a
+    budget; one non-private event is recorded and None returned).
+
+    A run resumed in its run directory gets, from the journal, the event of the interrupted attempt
+    (:meth:`~dpsyn.privacy.PrivacyLedger.add` takes it up): its steps are charged already, those made after the last
+    checkpoint too. ``steps_done``, the steps of the checkpoint resumed from, is charged if no journal holds it.
+
+    Args:
+        steps_done: DP-SGD steps the training state resumed from has made (:func:`~dpsyn.results.checkpoint.
+            lightning_dp_steps`; 0 for a fresh start).
+        planned: the steps the noise was calibrated for (for the warning on lost steps).
+        name: the method, for the log.
+    """
+    if noise_multiplier is None:
+        ledger.add(NonPrivateEvent(label=non_private_label))
+        return None
+    event_id = ledger.add(SampledGaussianEvent(sampling=POISSON, noise_multiplier=noise_multiplier,
+                                               sample_rate=sample_rate, steps=0,
+                                               accountant=accountant, label=label))
+    event = ledger.events[event_id]
+    if event.steps < steps_done:  # a checkpoint that no journal covers (a run directory of an earlier dpsyn)
+        ledger.record_steps(event_id, steps_done - event.steps)
+    lost = event.steps - steps_done
+    if lost > 0:
+        left = max(0, planned - event.steps) if planned is not None else None
+        log.warning("%s: %d DP-SGD step(s) of an interrupted attempt made after its last checkpoint are charged (from "
+                    "the run's journal); training stops when the charged steps reach the %s planned: %s more step(s) "
+                    "instead of %s (fewer updates, epsilon within the target)", name, lost, planned, left,
+                    None if left is None else left + lost)
+    return event_id
+
+
+class ChargeAhead(L.Callback):
+    """Charge each DP-SGD step of a :class:`~dpsyn.lit.gan.GANModule` in the ledger before the step is made, and stop
+    training when the steps charged reach ``planned`` (the steps the noise was calibrated for).
+
+    While the Trainer runs, the module's ``charge_step`` is :meth:`charge_step`: its ``training_step`` calls it
+    before a DP step, which is then charged (:meth:`~dpsyn.privacy.PrivacyLedger.record_steps` writes the run's
+    journal) or, when the charged steps (the interrupted attempts' included) already reach ``planned``, not made:
+    training stops. Under ``trainer=ddp`` every rank holds a copy of the ledger and decides alike; only rank 0's
+    copy writes the journal, and the parent takes its charges up afterwards
+    (:meth:`~dpsyn.privacy.PrivacyLedger.absorb_journal`, :meth:`settle`).
+
+    Args:
+        ledger: the run's ledger.
+        event_id: its DP-SGD event (:func:`open_dpsgd_event`).
+        planned: the steps the noise was calibrated for.
+    """
+
+    def __init__(self, ledger: PrivacyLedger, event_id: int, planned: int) -> None:
+        self.ledger, self.event_id, self.planned = ledger, int(event_id), int(planned)
+        self.start_charged = self.charged
+
+    @property
+    def charged(self) -> int:
+        """The steps charged in the event so far."""
+        return int(self.ledger.events[self.event_id].steps)
+
+    def charge_step(self) -> bool:
+        """Charge one DP step before it is made; False (nothing charged, no step) once ``planned`` are charged."""
+        if self.charged >= self.planned:
+            return False
+        self.ledger.record_steps(self.event_id, 1)
+        return True
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not trainer.is_global_zero:
+            self.ledger.detach_journal()  # a copy in a DDP rank: rank 0's copy journals the charges
+        pl_module.charge_step = self.charge_step
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        pl_module.charge_step = None  # the fitted module keeps no ledger
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        pl_module.charge_step = None
+
+    def settle(self, steps_made: int) -> None:
+        """After training: make sure the ``steps_made`` DP steps (since this callback was built) are charged, in case
+        some were made without it (a rank's journal not read back); charges the missing ones."""
+        short = self.start_charged + int(steps_made) - self.charged
+        if short > 0:
+            log.error("%d DP-SGD step(s) were made without being charged ahead: charged now", short)
+            self.ledger.record_steps(self.event_id, short)
+

@@ -72,7 +72,8 @@ class GANModule(L.LightningModule):
         lr_g, lr_d, beta1: Adam settings.
         dp: None for a non-private run, else a dict with ``noise_multiplier``, ``max_grad_norm``,
             ``generator`` (torch.Generator for the DP noise) and ``max_steps`` (the steps the budget was
-            calibrated for: training stops there, whatever the Trainer would do); optionally
+            calibrated for: training stops there, whatever the Trainer would do, or earlier when the ledger's
+            charged steps reach it: :class:`dpsyn.lit.dpsgd.ChargeAhead`); optionally
             ``grad_sample_mode``: ``fused`` computes the paired step's per-sample gradients with
             :mod:`dpsyn.lit.fused_grad_sample` where it supports the discriminator (otherwise, and in the split
             step, the hooks of the wrapping ``GradSampleModule`` do).
@@ -116,7 +117,10 @@ class GANModule(L.LightningModule):
         self.z_dim, self.num_classes, self.batch = z_dim, num_classes, expected_batch_size
         self.lr_g, self.lr_d, self.beta1 = lr_g, lr_d, beta1
         self.dp = dp
-        self.dp_steps = 0  # discriminator releases made: what the ledger charges (one per global step under DDP)
+        self.dp_steps = 0  # discriminator releases made by this model's training (one per global step under DDP)
+        # while a Trainer runs with dpsyn.lit.dpsgd.ChargeAhead: charges the next DP step in the ledger before it is
+        # made; False when the steps charged (an interrupted attempt's included) reached the planned ones
+        self.charge_step: Callable[[], bool] | None = None
         # one rank of trainer=ddp (dpsyn.lit.ddp): the process group is up when the Trainer calls the hooks below
         self.distributed = dp is not None and bool(dp.get("distributed", False))
         # dpsyn's one-pass per-sample gradients for the paired step: Opacus's gradients at about half the cost
@@ -146,6 +150,9 @@ class GANModule(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         if self.dp is not None and self.dp_steps >= self.dp["max_steps"]:
             self.trainer.should_stop = True  # the budget was calibrated for max_steps releases
+            return
+        if self.dp is not None and self.charge_step is not None and not self.charge_step():
+            self.trainer.should_stop = True  # max_steps releases are charged (some by an interrupted attempt)
             return
         x, y = batch
         b = len(x)

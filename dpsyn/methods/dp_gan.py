@@ -35,7 +35,7 @@ from dpsyn.lit.gan import GANModule, PeriodicCheckpoint
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
-from dpsyn.lit.dpsgd import charge_dpsgd, private_discriminator_loader
+from dpsyn.lit.dpsgd import ChargeAhead, open_dpsgd_event, private_discriminator_loader
 from dpsyn.privacy import PrivacyLedger
 from dpsyn.results.checkpoint import lightning_dp_steps
 
@@ -92,7 +92,8 @@ class DPGAN(Method):
         """Release the class proportions (once per run directory: a re-run reuses the release it made and charges
         it once, :meth:`Method.release_class_proportions`) and return them with the budget left for DP-SGD."""
         eps_ratio = _class_ratio_epsilon(self.cfg, budget)
-        props, remaining = self.release_class_proportions(private, budget, ledger, eps_ratio)
+        with ledger.reusing():  # recorded again from checkpoints/class_proportions.json when the journal holds it
+            props, remaining = self.release_class_proportions(private, budget, ledger, eps_ratio)
         how = f"released with the Laplace mechanism at eps={eps_ratio:g}" if budget.private else "exact (eps=inf)"
         self._labels_note = f"drawn from the class proportions {how}"
         log.info("class proportions %s %s; DP-SGD gets eps=%g", np.round(props, 4).tolist(), how, remaining.epsilon)
@@ -168,7 +169,8 @@ class DPGAN(Method):
         if self.label_probs is not None:
             module_cls, shared["label_probs"] = _ProportionalLabelGAN, self.label_probs
         self.module = module_cls(generator=G, discriminator=D, expected_batch_size=batch, dp=dp, **shared)
-        callbacks, ckpt_path = [], None
+        callbacks: list[Any] = []
+        ckpt_path = None
         if ctx.run_dir is not None and int(cfg.checkpoint_every) > 0:
             ckpt = Path(ctx.run_dir) / "checkpoints" / "last.ckpt"
             callbacks.append(PeriodicCheckpoint(ckpt, int(cfg.checkpoint_every)))
@@ -176,6 +178,17 @@ class DPGAN(Method):
                 ckpt_path = str(ckpt)
                 self.module.dp_steps = lightning_dp_steps(ckpt, dp)
                 log.info("resuming dp_gan from %s (%d discriminator steps already made)", ckpt, self.module.dp_steps)
+        # the event before the first step, each step charged before it is made (write-ahead: the run's journal);
+        # training stops when the steps charged (an interrupted attempt's included) reach the planned ones
+        start = self.module.dp_steps
+        event_id = open_dpsgd_event(
+            ledger, noise_multiplier=dp["noise_multiplier"] if dp else None, sample_rate=batch / n,
+            accountant=ctx.accountant, label="dp_gan discriminator (DP-SGD, clip %g)" % float(cfg.max_grad_norm),
+            non_private_label="dp_gan trained without noise (eps=inf)", steps_done=start,
+            planned=dp["max_steps"] if dp else None, name="dp_gan")
+        charger = ChargeAhead(ledger, event_id, dp["max_steps"]) if dp is not None and event_id is not None else None
+        if charger is not None:
+            callbacks.append(charger)
         if world is not None:
             assert dp is not None
             job = GANDDPJob(
@@ -196,7 +209,9 @@ class DPGAN(Method):
                 self.module.dp_steps = e.dp_steps  # what was (or may have been) released
                 raise
             finally:
-                self._charge(ledger, dp, batch / n)
+                # rank 0 charged into the journal; every step made is charged here too, at the least
+                ledger.absorb_journal()
+                self._settle(charger, start)
             if self.module.G.training:
                 self.module.G.eval()
             return
@@ -212,17 +227,15 @@ class DPGAN(Method):
         try:
             trainer.fit(self.module, train_dataloaders=loader, ckpt_path=ckpt_path)
         finally:
-            self._charge(ledger, dp, batch / n)
+            self._settle(charger, start)
         if self.module.G.training:
             self.module.G.eval()
 
-    def _charge(self, ledger: PrivacyLedger, dp: dict[str, Any] | None, sample_rate: float) -> None:
-        """Charge every release that happened, even when training stopped early or crashed (under ``trainer=ddp``:
-        one step per global step, the count of rank 0)."""
-        charge_dpsgd(ledger, noise_multiplier=dp["noise_multiplier"] if dp else None, sample_rate=sample_rate,
-                     steps_done=self.module.dp_steps, accountant=self.ctx.accountant,
-                     label="dp_gan discriminator (DP-SGD, clip %g)" % float(self.cfg.max_grad_norm),
-                     non_private_label="dp_gan trained without noise (eps=inf)")
+    def _settle(self, charger: ChargeAhead | None, start: int) -> None:
+        """Every release that happened is charged, even when training stopped early or crashed (under
+        ``trainer=ddp``: one step per global step, the count of rank 0)."""
+        if charger is not None:
+            charger.settle(self.module.dp_steps - start)
 
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:
         rng = np.random.default_rng(self.ctx.seed)

@@ -27,7 +27,9 @@ Resuming a crashed run (``checkpoint_every`` > 0 and a run directory; the patter
 PeriodicCheckpoint`), holding the DP steps made, the DP calibration and the record of the public pretraining the
 weights descend from. A re-run in the same directory refuses a checkpoint made under another calibration or another
 pretraining, skips the pretraining, and continues the DP stage from the steps already made; the ledger charges the
-total once. The public pretraining is checkpointed the same way, to ``run_dir/checkpoints/pretrain.ckpt``: a
+total once, each step before it is made (:class:`dpsyn.lit.dpsgd.ChargeAhead`), and with the steps a killed attempt
+made after its last checkpoint (kept from the run's journal) training stops when the charged steps reach the
+planned ones. The public pretraining is checkpointed the same way, to ``run_dir/checkpoints/pretrain.ckpt``: a
 re-run finds it complete (and skips it) or continues it. It is a checkpoint in the run directory rather than a
 cache keyed by a hash of the config because the DP stage's weights descend from one particular pretraining: a
 cache shared across runs could be replaced under a resumed run, and its settings are kept in the checkpoint in
@@ -47,7 +49,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dpsyn.data.base import Split
 from dpsyn.lit.feature_gan import FeatureDiscriminator, FeatureGANModule, FeatureGenerator, fit_feature_gan_stage
-from dpsyn.lit.dpsgd import charge_dpsgd, private_discriminator_loader
+from dpsyn.lit.dpsgd import ChargeAhead, open_dpsgd_event, private_discriminator_loader
 from dpsyn.lit.gan import PeriodicCheckpoint
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.privacy import PrivacyLedger
@@ -212,7 +214,8 @@ class FeatureGANMethod(Method):
             name=name,
         )
         self.module = self._module(G, D, stage=stage, batch=batch, dp=dp, pretraining=self.pretrain_info)
-        callbacks, ckpt_path = [], None
+        callbacks: list[Any] = []
+        ckpt_path = None
         if last is not None:
             callbacks.append(PeriodicCheckpoint(last, every))
             if resuming:
@@ -220,17 +223,25 @@ class FeatureGANMethod(Method):
                 self.module.dp_steps = lightning_dp_steps(last, dp)  # refuses another calibration
                 log.info("%s: resuming the DP stage from %s (%d discriminator steps already made)",
                          name, last, self.module.dp_steps)
+        # the event before the first step, each step charged before it is made (write-ahead: the run's journal);
+        # after a resume the steps of the interrupted attempts are charged once: those of the checkpoint, and those
+        # the journal holds beyond it, and training stops when the steps charged reach the planned ones
+        start = self.module.dp_steps
+        event_id = open_dpsgd_event(
+            ledger, noise_multiplier=dp["noise_multiplier"] if dp else None, sample_rate=batch / n,
+            accountant=ctx.accountant,
+            label=f"{name} feature-GAN discriminator on h(private) (DP-SGD, clip {float(cfg.max_grad_norm):g})",
+            non_private_label=f"{name} feature GAN trained without noise (eps=inf)", steps_done=start,
+            planned=dp["max_steps"] if dp else None, name=name)
+        charger = ChargeAhead(ledger, event_id, dp["max_steps"]) if dp is not None and event_id is not None else None
+        if charger is not None:
+            callbacks.append(charger)
         try:
             fit_feature_gan_stage(self.module, loader, epochs=epochs, trainer_kwargs=trainer_kwargs,
                                   logger=ctx.logger, callbacks=callbacks, ckpt_path=ckpt_path)
         finally:
-            # charge every release that happened, even when training stopped early or crashed; after a resume,
-            # dp_steps counts the steps of the interrupted run too (restored from the checkpoint): charged once
-            charge_dpsgd(ledger, noise_multiplier=dp["noise_multiplier"] if dp else None, sample_rate=batch / n,
-                         steps_done=self.module.dp_steps, accountant=ctx.accountant,
-                         label=f"{name} feature-GAN discriminator on h(private) (DP-SGD, clip "
-                               f"{float(cfg.max_grad_norm):g})",
-                         non_private_label=f"{name} feature GAN trained without noise (eps=inf)")
+            if charger is not None:  # every release that happened is charged, even after a crash or an early stop
+                charger.settle(self.module.dp_steps - start)
         self.module.G.eval()
 
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:

@@ -29,6 +29,9 @@ it is copied):
 * Generator. The repo's class-conditional DCGAN generator (:mod:`dpsyn.nets.dcgan`; the paper uses a ResNet
   generator), trained with Adam on class-balanced batches; optionally first pretrained on the public split's
   (unconditional) embedding, which costs no privacy. ``eps=inf``: exact moments, a ``NonPrivateEvent``.
+* Crash safety. The release is saved with its charges to ``run_dir/checkpoints/dp_mepf_release.pt`` before the
+  ledger records it and before it is used; a rerun in that run directory (after a kill while the generator trains)
+  reuses it, charged once, instead of releasing a second time (which would spend the budget twice).
 """
 
 from __future__ import annotations
@@ -56,8 +59,12 @@ from dpsyn.privacy import (
     gaussian_mechanism,
 )
 from dpsyn.public import clip_to_unit_ball
+from dpsyn.results.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
+
+RELEASE_CHECKPOINT = "dp_mepf_release.pt"
+"""The private release (the noisy moments and their ledger), in ``run_dir/checkpoints``: a rerun reuses it."""
 
 AUTO_LAYERS: dict[str, tuple[str, ...]] = {"EmbeddedEncoder": ("body.3", "body.7")}
 """``feature_layers: auto``: the two max-pooled conv blocks of the embedded encoder (14x14x32 and 7x7x64 maps).
@@ -250,12 +257,37 @@ class DPMEPF(Method):
         groups = ctx.num_classes if conditional else 1
         fractions = self._releases(budget)
 
-        # --- the one private release
+        # --- the one private release (a rerun in this run directory reuses it, charged once: see _release)
+        counts_how = "DP (Gaussian)" if cfg.class_counts == "dp" else "public (not noised)"
+        what = "per-class" if conditional else "whole-set"
+        release_ckpt = Checkpointer.in_run(ctx.run_dir, RELEASE_CHECKPOINT,
+                                           self.resume_fingerprint(budget, shape=list(ctx.shape),
+                                                                   classes=ctx.num_classes), what="released")
+        saved = release_ckpt.load() if budget.private else None
+        if saved is not None:
+            m1, m2 = saved.state["m1"], saved.state["m2"]
+            self.release = dict(saved.state["release"])
+            saved.restore_ledger(ledger)
+            log.info("dp_mepf: reusing the embeddings this run released before (%s): charged once", release_ckpt.path)
+        else:
+            m1, m2 = self._release(private, budget, ledger, phi, layers=layers, groups=groups, fractions=fractions,
+                                   conditional=conditional, device=device, release_ckpt=release_ckpt, what=what,
+                                   counts_how=counts_how)
+
+        # --- post-processing: a generator matched to the released embeddings
+        self._fit_generator(m1, m2, groups, phi, public, device)
+        self.conditional = conditional
+
+    def _release(self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, phi: Any, *, layers: list[str],
+                 groups: int, fractions: dict[str, float], conditional: bool, device: torch.device,
+                 release_ckpt: Checkpointer, what: str, counts_how: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """The one private release: ``(m1_dp, m2_dp or None)`` (the exact moments at eps=inf), recorded in the
+        ledger; under a budget saved to ``release_ckpt`` with its charges before the ledger records them, so that a
+        rerun after a crash (in the generator's training, say) reuses it instead of releasing again."""
+        cfg, ctx = self.cfg, self.ctx
         y = private.y.astype(np.int64) if conditional else np.zeros(len(private), dtype=np.int64)
         batches = zip(self._features(phi, private.x, device), (y[i : i + 256] for i in range(0, len(y), 256)))
         s1, s2, counts, _ = moment_sums(batches, groups)  # how many rows needed clipping: private, not kept
-        counts_how = "DP (Gaussian)" if cfg.class_counts == "dp" else "public (not noised)"
-        what = "per-class" if conditional else "whole-set"
         self.release: dict[str, Any] = {
             "feature_dim": int(s1.shape[1]), "layers": layers + ["h"], "groups": groups, "counts": cfg.class_counts,
             "calibration": str(cfg.calibration), "sensitivity": 1.0,
@@ -273,15 +305,23 @@ class DPMEPF(Method):
                 n_used = counts.astype(np.float64)
             m1 = release_means(s1, n_used, sigma["m1"], rng)
             m2 = release_means(s2, n_used, sigma["m2"], rng) if "m2" in sigma else None
+            events = []
             for k, (e, d) in shares.items():
                 stat = {"m1": f"{what} sums of phi", "m2": f"{what} sums of phi^2",
                         "counts": f"{what} example counts"}[k]
-                ledger.add(ApproxDPEvent(
+                events.append(ApproxDPEvent(
                     epsilon=e, delta=d,
                     label=f"dp_mepf {k}: {stat}, Gaussian sigma={sigma[k]:.6g} ({cfg.calibration}, sensitivity 1); "
                           f"counts {counts_how}",
                 ))
             self.release.update(sigma=sigma, shares={k: list(v) for k, v in shares.items()})
+            # on disk with its charges first: a kill after this line leaves a release that a rerun reuses (charged
+            # once, from this file); before it, the release never left the process
+            with_release = PrivacyLedger(target_epsilon=ledger.target_epsilon, delta=ledger.delta,
+                                         events=[*ledger.events, *events])
+            release_ckpt.save(0, {"m1": m1, "m2": m2, "release": dict(self.release)}, with_release)
+            for event in events:
+                ledger.add(event)
             log.info("dp_mepf: released %s embeddings (d=%d) with sigma %s; counts %s",
                      what, s1.shape[1], {k: round(v, 4) for k, v in sigma.items()}, counts_how)
         else:
@@ -289,9 +329,12 @@ class DPMEPF(Method):
             m1 = release_means(s1, n_used, None, None)
             m2 = release_means(s2, n_used, None, None) if cfg.moments == "m1_and_m2" else None
             ledger.add(NonPrivateEvent(label=f"dp_mepf {what} embeddings released without noise (eps=inf)"))
-        del s1, s2
+        return m1, m2
 
-        # --- post-processing: a generator matched to the released embeddings
+    def _fit_generator(self, m1: np.ndarray, m2: np.ndarray | None, groups: int, phi: Any, public: Split | None,
+                       device: torch.device) -> None:
+        """Post-processing: the generator matched to the released embeddings (after an optional public pretraining)."""
+        cfg, ctx = self.cfg, self.ctx
         channels, resolution = ctx.shape[0], ctx.shape[1]
         G = CondDCGANGenerator(z_dim=int(cfg.z_dim), num_classes=groups, channels=channels, resolution=resolution,
                                ngf=int(cfg.ngf)).to(device)
@@ -310,7 +353,6 @@ class DPMEPF(Method):
                                                           int(cfg.pretrain_steps), groups, gen, device, "pretrain")
         self.train_log["loss"] = self._train(G, opt, phi, m1, m2, int(cfg.steps), groups, gen, device, "private")
         self.G = G.cpu().eval()
-        self.conditional = conditional
 
     def _train(self, G: nn.Module, opt: torch.optim.Optimizer, phi: PerceptualFeatures, m1: np.ndarray,
                m2: np.ndarray | None, steps: int, groups: int, gen: torch.Generator, device: torch.device,

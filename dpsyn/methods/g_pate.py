@@ -1,16 +1,18 @@
 """``g_pate``: G-PATE (Long et al. 2021, paper 002) — a student generator trained on the privately aggregated
 gradients of an ensemble of teacher discriminators (Algorithms 1 and 2 of the paper).
 
-* Teachers: N conditional discriminators, teacher i trained only on the i-th of N disjoint contiguous partitions
-  of the private rows (real, label 1) against the student's fakes (label 0), one Adam step each per generator step
+* Teachers: N conditional discriminators, teacher i trained only on the i-th of N disjoint partitions of the
+  private rows (real, label 1; :class:`dpsyn.data.partitions.KeyedPartitions`: a row's partition is a keyed hash of
+  its source id, so removing a row changes its own partition only) against the student's fakes (label 0), one Adam step each per generator step
   (:class:`dpsyn.nets.ensemble.TeacherEnsemble`: the N teachers run as one batched computation). On images the
   default is the authors' teacher (:class:`dpsyn.nets.ensemble.CondPATETeacher`: conv, conv, fc, the label at every
   layer); the embedded profile narrows it (ndf 4, fc 32: 13.6k parameters against the authors' ~0.55M, which take
   ~27 GB with Adam at 4000 teachers), the ``_paper`` profiles hold the authors' width.
-* Batch (the reference code's rule): where partitions hold at least ``MIN_PARTITION_BATCH`` rows, b = min(batch_size,
-  partition), so each round every teacher steps on its whole partition (15 rows at 4000 teachers on 60k images);
-  smaller partitions (digits, tables) keep ``batch_size`` for the generator and min(batch_size, partition) for the
-  teachers. Teacher i's fakes carry its own real rows' labels (label-matched, as the reference code feeds the
+* Batch (the reference code's rule, on the nominal partition size m = n // N of the declared-public n): where
+  m >= ``MIN_PARTITION_BATCH``, b = min(batch_size, m), so each round a teacher steps on m rows of its partition
+  (15 at 4000 teachers on 60k images: its whole partition when it holds at most m rows, the rest masked; m rows of a
+  pass through it otherwise); smaller partitions (digits, tables) keep ``batch_size`` for the generator and
+  min(batch_size, m) for the teachers. Teacher i's fakes carry its own real rows' labels (label-matched, as the reference code feeds the
   round's conditioning to both), drawn once per round from z ~ U(-1, 1) (``method.latent``).
   ``method.teacher_fakes=r`` (default 1, the reference code) shows each teacher r fakes per real row, from r*tb
   fresh latents, the j-th real row's label on fakes j, j+tb, ...: a sharper picture of the generator's distribution
@@ -67,6 +69,7 @@ from tqdm.auto import tqdm
 
 from dpsyn.config import PATE_NOISE_KEYS, resolve_pate_noise
 from dpsyn.data.base import Split
+from dpsyn.data.partitions import KeyedPartitions, partition_key, source_ids
 from dpsyn.lit.ema import update_ema
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, draw_latent, generate_conditional
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
@@ -75,7 +78,6 @@ from dpsyn.nets.ensemble import (
     CondMLPTeacher,
     CondPATETeacher,
     TeacherEnsemble,
-    TeacherPartitions,
 )
 from dpsyn.nets.lowpass import LowPassOutput, dct_basis
 from dpsyn.nets.mlp_gan import CondMLPGenerator
@@ -244,7 +246,7 @@ def pate_hyperparameters(
     dpsyn.config.schema): the integers ``ints``, numbers ``floats``, the Confident-GNMax noise in votes
     (``sigma_threshold``, ``sigma``, ``threshold``: :func:`dpsyn.config.resolve_pate_noise`, absolute or a ratio to
     the teachers), Adam's ``beta1``, ``teacher_batch``, ``bound``, the layer-width lists ``hidden``,
-    ``class_ratio_epsilon`` (tables), ``teacher_chunk`` and ``shuffle_partitions`` (as ``shuffle``)."""
+    ``class_ratio_epsilon`` (tables) and ``teacher_chunk``."""
     hp: dict[str, Any] = {key: int(cfg.get(key)) for key in ints}
     hp.update({key: float(cfg.get(key)) for key in floats if key not in PATE_NOISE_KEYS})
     hp.update(resolve_pate_noise(cfg))
@@ -255,7 +257,6 @@ def pate_hyperparameters(
         hp[key] = [int(h) for h in cfg.get(key)]
     hp["class_ratio_epsilon"] = float(cfg.class_ratio_epsilon)
     hp["teacher_chunk"] = cfg.get("teacher_chunk")
-    hp["shuffle"] = bool(cfg.get("shuffle_partitions"))
     return hp
 
 
@@ -384,14 +385,17 @@ class GPATE(Method):
     # ---- training -----------------------------------------------------------------------------------------
 
     def _batches(self, partition: int) -> tuple[int, int, str]:
-        """``(generator batch b, teacher batch, the rule used)`` for partitions of ``partition`` rows.
+        """``(generator batch b, teacher batch, the rule used)`` for partitions of nominally ``partition`` rows
+        (``n // N``, a function of the declared-public n: the keyed partitions' sizes vary around it and are never
+        read here).
 
         The reference code cuts the batch to the partition size (``min(batch_size, partition)`` for generator and
         teachers alike: 15 at 4000 teachers on 60k images), so every teacher steps on its whole partition each round
         and a round makes ``b * k`` queries. That rule (``method.batch_from_partition``) applies where partitions hold
         at least :data:`MIN_PARTITION_BATCH` rows; below (digits: ~3 rows per teacher; tables) the generator keeps
         ``method.batch_size`` and the teachers take ``min(batch_size, partition)``. ``method.teacher_batch`` fixes the
-        teachers' batch."""
+        teachers' batch. A teacher whose partition holds fewer rows than its batch uses all of them and masks the
+        other slots (:meth:`KeyedPartitions.batch`)."""
         hp = self.hp
         if hp["batch_from_partition"] and partition >= MIN_PARTITION_BATCH:
             b = min(hp["batch_size"], partition)
@@ -418,9 +422,10 @@ class GPATE(Method):
         if n_rows < n_teachers:
             raise ValueError(f"method.teachers={n_teachers} exceeds the {n_rows} private examples (one row at least each)")
         torch.manual_seed(ctx.seed)  # initialisation of G and of the teachers
-        gen = torch.Generator().manual_seed(ctx.seed)  # latents, labels, projections, teacher batches
-        parts = TeacherPartitions(n_rows, n_teachers, generator=gen, shuffle=hp["shuffle"])
-        b, tb, batch_rule = self._batches(parts.size)
+        gen = torch.Generator().manual_seed(ctx.seed)  # latents, labels, projections (public; fixed shapes)
+        # a row's teacher: a keyed hash of its source id (removing a row changes its own partition only)
+        parts = KeyedPartitions(source_ids(private, "g_pate"), n_teachers, key=partition_key(ctx.seed, "teachers"))
+        b, tb, batch_rule = self._batches(parts.nominal_size)
         G = self._make_generator().to(device)
         ens = TeacherEnsemble(self._make_teacher(), n_teachers, lr=hp["lr_d"], betas=(hp["beta1"], 0.999),
                               chunk_size=hp["teacher_chunk"], device=device)
@@ -482,13 +487,14 @@ class GPATE(Method):
             ledger.add(NonPrivateEvent(label=f"g_pate trained without noise (eps=inf): {INF_AGGREGATES[aggregate]}"))
         if event is not None:
             log_pate_allowance("g_pate", event, rest, per_step=b * k, unit="rounds")
-        log.info("g_pate: %d teachers of %d rows, %s", n_teachers, parts.size, batch_rule)
+        log.info("g_pate: %d teachers of about %d rows (a keyed hash of the rows' source ids), %s", n_teachers,
+                 parts.nominal_size, batch_rule)
         # training labels: uniform over the classes (images), or drawn from the released proportions (tables)
         label_probs = None if self.proportions is None else torch.as_tensor(self.proportions, dtype=torch.float32)
 
         r_fakes = hp["teacher_fakes"]  # the round's b fakes (the reference code) when 1
         self.train_log: dict[str, Any] = {"stopped_by": "steps", "batch": b, "teacher_batch": tb,
-                                          "partition_size": parts.size, "batch_rule": batch_rule,
+                                          "partition_size": parts.nominal_size, "batch_rule": batch_rule,
                                           "aggregate": aggregate}
         t0 = time.perf_counter()
         step = start
@@ -504,8 +510,9 @@ class GPATE(Method):
             # teachers: Adam steps on their own partitions' rows against fakes of the same labels (the reference
             # code feeds each teacher G(z, its real rows' labels)): G(z, c) for every class c once, then gathered
             for _ in range(hp["teacher_steps"]):
-                rows = parts.sample(tb).to(device)
-                ry = y_all[rows]  # (N, tb)
+                rows, mask = (t.to(device) for t in parts.batch(None, tb))  # (N, tb): row i from partition i only
+                # a masked slot's fakes take the round's (public) labels, never another partition's row's
+                ry = torch.where(mask, y_all[rows], y.repeat(tb // b + 1)[:tb])  # (N, tb)
                 fy = ry.repeat(1, r_fakes)  # (N, r tb): r fakes per real row, each with that row's label
                 nf = tb * r_fakes
                 zt = z[:nf] if nf <= b else self._latent(nf, gen).to(device)
@@ -513,7 +520,8 @@ class GPATE(Method):
                     table = G(zt.repeat(C, 1), torch.arange(C, device=device).repeat_interleave(nf))
                 table = table.view(C, nf, *table.shape[1:])
                 fakes = table[fy, torch.arange(nf, device=device)]  # (N, r tb, ...): teacher i's fake j has its label
-                ens.train_step(x_all[rows], ry, fakes, fy)
+                real = torch.where(mask.view(*mask.shape, *([1] * (x_all.dim() - 1))), x_all[rows], 0.0)
+                ens.train_step(real, ry, fakes, fy, real_mask=mask)
             fake = G(z, y)
             g_hat, answered = self._aggregate(ens, fake.detach(), y, aggregate=aggregate, gen=gen, dp_gen=dp_gen,
                                                     event_id=event_id, ledger=ledger)

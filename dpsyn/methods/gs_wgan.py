@@ -2,29 +2,41 @@
 through K non-private WGAN-GP critics on disjoint partitions, with only the gradient that flows from the critic
 into the generated samples sanitised (per-sample clipping + Gaussian noise).
 
-Algorithm (the authors' ``source/main.py``), per generator iteration:
+Algorithm (the authors' ``source/main.py``, with the critics' training put on a public schedule), per generator
+iteration t:
 
-1. *Subsampling*: one critic index k is drawn uniformly from K (drawn from a DP generator, like DP-SGD's Poisson
-   sampling: the choice is part of the mechanism).
-2. *Critic*: D_k takes ``critic_steps`` Adam steps on the WGAN-GP loss ``mean D(fake) - mean D(real) + lambda GP +
-   drift mean D(real)^2`` (the authors' "epsilon penalty" 1e-3), its real rows drawn from the k-th of K disjoint
-   partitions only (:class:`dpsyn.nets.ensemble.TeacherPartitions`), its fakes G(z, y_real). No privacy: D_k is never
+1. *Critic training* (``method.critic_schedule=round_robin``, the default): critic ``t mod K`` takes
+   ``critic_steps`` Adam steps on the WGAN-GP loss ``mean D(fake) - mean D(real) + lambda GP + drift mean D(real)^2``
+   (the authors' "epsilon penalty" 1e-3), its real rows drawn from its own partition only
+   (:class:`dpsyn.data.partitions.KeyedPartitions`), its fakes G(z, y_real). No privacy: a critic is never
    released, only the sanitised gradient below is.
-3. *Generator*: x = G(z, y) (labels uniform, a public choice), loss ``-mean_j D_k(x_j, y_j)``; a hook on x replaces
-   the gradient flowing from D_k into x by its sanitised version (:func:`sanitize`): per sample j, the gradient of
-   -D_k(x_j) w.r.t. x_j is clipped to L2 norm C and N(0, (sigma C)^2 I) noise is added (noise from
+2. *Subsampling*: one critic index J is drawn uniformly from K with a DP generator (OS entropy, like DP noise: the
+   choice is part of the mechanism and stays secret). With ``method.fresh_steps=f > 0`` a throw-away copy of critic
+   J takes f more steps on its partition first (its rows by a stateless keyed order), so the release reads a critic
+   fitted to the current G; the copy is dropped.
+3. *Generator*: x = G(z, y) (labels uniform, a public choice), loss ``-mean_j D_J(x_j, y_j)``; a hook on x replaces
+   the gradient flowing from D_J into x by its sanitised version (:func:`sanitize`): per sample j, the gradient of
+   -D_J(x_j) w.r.t. x_j is clipped to L2 norm C and N(0, (sigma C)^2 I) noise is added (noise from
    :func:`dpsyn.privacy.dp_generator`, never from the run seed); the batch mean of those then flows into G. G's own
    parameter gradient is post-processing of the b sanitised per-sample gradients.
 
-Privacy. Neighbouring datasets differ in one row, hence in one partition and one critic; two clipped per-sample
-gradients differ by at most 2C (the paper's sensitivity; the authors' code adds noise ``C * noise_multiplier *
-SENSITIVITY`` with ``SENSITIVITY = 2``). An iteration releases b sanitised gradients, and ALL b are read through the
-one critic drawn: when the critic holding a row is drawn, each of the b gradients can move by 2C, so the iteration
-is one Gaussian mechanism of L2 sensitivity 2C sqrt(b) and noise std sigma C, i.e. noise multiplier
-``sigma / (2 sqrt(b))`` (b Gaussian releases of multiplier sigma / 2 compose to exactly that), subsampled with rate
-1/K (the critic drawn). dpsyn records ONE :class:`~dpsyn.privacy.SampledGaussianEvent`
-``(noise_multiplier=sigma / (2 sqrt(b)), sample_rate=1/K, steps=iterations)`` (:func:`privacy_event`) and calibrates
-``sigma = 2 sqrt(b) * dpsgd_noise_multiplier(eps, delta, 1/K, iterations)`` before training (:func:`gs_wgan_sigma`).
+**Why the schedule.** The authors train the critic drawn, so critic j's state depends on the secret draws of the
+earlier iterations (it trains only when drawn): hidden state, under which a per-iteration subsampling argument does
+not compose (a toy model beats Poisson accounting: docs/privacy.md). With the public schedule every critic is a
+function of its own partition, the public randomness and the released history only, and the draw of step 2 is fresh
+and independent: each iteration is then one Gaussian mechanism applied to one of K units chosen uniformly, and RDP
+composes over iterations. ``method.critic_schedule=drawn`` (the authors' loop) is for eps=inf only.
+
+Privacy. dpsyn's neighbours differ by removing or adding one row, which changes one partition (keyed by the rows'
+source ids), hence one critic. An iteration releases b sanitised gradients, all read through the critic drawn:
+any two critics' b clipped gradients are within 2C sqrt(b) of each other, so the iteration is one Gaussian
+mechanism of sensitivity 2C sqrt(b) and noise std sigma C (noise multiplier ``sigma / (2 sqrt(b))``) on one of K
+critics drawn uniformly. dpsyn records ONE :class:`~dpsyn.privacy.ledger.UniformChoiceGaussianEvent`
+``(noise_multiplier=sigma / (2 sqrt(b)), population=K, steps=iterations, bound=method.bound)`` (:func:`privacy_event`)
+and calibrates sigma for it before training (:func:`gs_wgan_sigma`). ``method.bound`` names the per-iteration bound
+(:mod:`dpsyn.privacy.uniform_choice`): ``convexity`` (default; a written proof, docs/privacy.md), ``wang2019``
+(Wang, Balle & Kasiviswanathan 2019, cited theorem) or ``poisson_argument`` (Opacus's Poisson-subsampled RDP at
+rate 1/K; assumed, not proven, for a uniform draw).
 
 **Departure from the authors' analysis** (``evaluation/privacy_analysis.py``: autodp's
 ``compose_subsampled_mechanism(gaussian(noise_multiplier), 1/K, coeff=iterations * batch_size)``): they compose
@@ -32,14 +44,11 @@ is one Gaussian mechanism of L2 sensitivity 2C sqrt(b) and noise std sigma C, i.
 (the first author explains the factor b in DingfanChen/GS-WGAN issue #12: a row reaches every gradient of the batch).
 The b releases of an iteration share one draw, and a subsampled composition is not the composition of subsampled
 releases: for the authors' MNIST setting (K = 1000, noise_multiplier 1.07, 20000 iterations of 32, delta 1e-5) the
-per-release composition gives eps 4.45 under Opacus's RDP accountant, the per-iteration mechanism 366 (329 under
-Opacus's PRV accountant). :func:`published_analysis_epsilon` computes the former (recorded beside a run's epsilon,
-never charged); the audit row ``gs_wgan_iteration`` (``python -m dpsyn.cli.audit``) runs the sanitizer on b releases
-sharing a draw, and with sigma calibrated the authors' way its lower bound exceeds their claim (tests/test_audit.py).
-So dpsyn's sigma at a given eps is larger than the authors' analysis gives: at the embedded setting (100 critics,
-1000 iterations of 32) 6.49 C against 2.33 C at eps=10, 17.2 C against 14.7 C at eps=1. Caveat kept: the accountant
-(Opacus's sampled-Gaussian RDP) analyses Poisson subsampling under add/remove adjacency, while GS-WGAN draws exactly
-one of K critics uniformly (replace-one adjacency).
+per-release composition gives eps 4.45 under Opacus's RDP accountant, the per-iteration mechanism 366.
+:func:`published_analysis_epsilon` computes the former (recorded beside a run's epsilon, never charged); the audit
+row ``gs_wgan_iteration`` (``python -m dpsyn.cli.audit``) runs the sanitizer on b releases sharing a draw, and with
+sigma calibrated the authors' way its lower bound exceeds their claim (tests/test_audit.py); the row
+``gs_wgan_hidden_state`` runs several iterations with critics that keep state.
 
 Warm start (the authors' ``source/pretrain.py``; :func:`warm_start`): before the main run every critic k trains for
 ``warm_start_iterations`` iterations (``critic_steps`` critic steps, then one generator step) on its own partition
@@ -53,6 +62,9 @@ The critics are :class:`dpsyn.nets.ensemble.CondConvTeacher` (no normalisation l
 stacked in a :class:`CriticBank` with their Adam states (K = 1000 small critics take a few tens of MB).
 Samples come from an exponential moving average of G (the authors' ``netGS``; ``method.ema``, 0 = G itself).
 Non-private runs (eps=inf) add no noise; the per-sample gradient is still clipped unless ``method.clip_at_inf=false``.
+
+Partitions differ in size (a keyed hash: :mod:`dpsyn.data.partitions`); a critic whose partition holds fewer rows
+than the batch uses all of them and gives the other slots no weight, so no critic's batch depends on another's rows.
 
 Output low-pass (``method.output_frequencies=m``, a dpsyn departure, off in the authors' setting): G's output is kept
 to its m x m lowest 2-D DCT frequencies a channel (:class:`dpsyn.nets.lowpass.LowPassOutput`), and each per-sample
@@ -77,21 +89,22 @@ from torch.func import functional_call, grad, stack_module_state, vmap
 from tqdm.auto import tqdm
 
 from dpsyn.data.base import Split
+from dpsyn.data.partitions import KeyedPartitions, partition_key, source_ids
 from dpsyn.lit.ema import update_ema
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.nets.dcgan import CondDCGANGenerator
-from dpsyn.nets.ensemble import CondConvTeacher, TeacherPartitions
+from dpsyn.nets.ensemble import CondConvTeacher
 from dpsyn.nets.lowpass import LowPassOutput, dct_basis
 from dpsyn.privacy import (
     REPLACE_ONE_SENSITIVITY_FACTOR,
     NonPrivateEvent,
     PrivacyLedger,
-    SampledGaussianEvent,
     dp_generator,
-    dpsgd_noise_multiplier,
+    dpsgd_epsilon,
     gaussian_mechanism,
-    replace_one_noise_std,
 )
+from dpsyn.privacy.ledger import UniformChoiceGaussianEvent
+from dpsyn.privacy.uniform_choice import BOUND_BASIS, SAMPLING, uniform_choice_noise_multiplier
 from dpsyn.results.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
@@ -100,7 +113,12 @@ CHECKPOINT = "gs_wgan.pt"
 SENSITIVITY_FACTOR = REPLACE_ONE_SENSITIVITY_FACTOR
 """Two clipped per-sample gradients (of two critics that differ in one partition) differ by at most 2C
 (:data:`dpsyn.privacy.REPLACE_ONE_SENSITIVITY_FACTOR`)."""
-SAMPLING_NOTE = "sampling: one of K critics per step (GS-WGAN's analysis)"
+SAMPLING_NOTE = f"sampling: one of K critics drawn uniformly per iteration ({SAMPLING})"
+CRITIC_SCHEDULES = {
+    "round_robin": "critic t mod K trains at iteration t (a public schedule: no critic depends on the secret draws)",
+    "drawn": "the critic drawn trains (the authors' loop; its critics depend on earlier draws: eps=inf only)",
+}
+_WARM_STREAM, _FRESH_STREAM = 1, 2  # keyed row orders of the warm start and of the fresh steps (stateless)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -161,6 +179,17 @@ def draw_critics(critics: int, n: int, generator: torch.Generator) -> torch.Tens
     return torch.randint(critics, (n,), generator=generator)
 
 
+def trained_critic(iteration: int, critics: int, drawn: int, schedule: str) -> int:
+    """The critic that trains (and keeps its update) at ``iteration``: ``iteration mod K`` under the public
+    ``round_robin`` schedule, whatever was drawn; the critic ``drawn`` under the authors' ``drawn`` loop (then every
+    critic's state depends on the secret draws: eps=inf only). The audit row ``gs_wgan_hidden_state`` runs it."""
+    if schedule == "round_robin":
+        return iteration % critics
+    if schedule == "drawn":
+        return int(drawn)
+    raise ValueError(f"unknown critic schedule {schedule!r}; allowed: {', '.join(CRITIC_SCHEDULES)}")
+
+
 def iteration_noise_multiplier(sigma: float, batch_size: int) -> float:
     """The noise multiplier of one iteration: b releases of noise std sigma C, all read through the critic drawn, so
     of joint L2 sensitivity 2C sqrt(b): ``sigma / (2 sqrt(b))``."""
@@ -168,25 +197,26 @@ def iteration_noise_multiplier(sigma: float, batch_size: int) -> float:
 
 
 def gs_wgan_sigma(
-    *, epsilon: float, delta: float, critics: int, iterations: int, batch_size: int, accountant: str
+    *, epsilon: float, delta: float, critics: int, iterations: int, batch_size: int, bound: str = "convexity"
 ) -> float:
     """Noise std ``sigma`` (in units of C) that keeps ``iterations`` generator iterations within (epsilon, delta).
 
-    Each iteration is one Gaussian mechanism of sensitivity 2C sqrt(b) (its b releases share the critic drawn),
-    subsampled at rate 1/critics: ``sigma = 2 sqrt(b) * dpsgd_noise_multiplier(eps, delta, 1/critics, iterations)``,
-    the inverse of :func:`iteration_noise_multiplier`. Larger than the authors' analysis gives (module docstring).
+    Each iteration is one Gaussian mechanism of sensitivity 2C sqrt(b) (its b releases share the critic drawn) on
+    one of ``critics`` critics drawn uniformly: ``sigma = 2 sqrt(b) * nm`` with ``nm`` the smallest noise multiplier
+    that ``bound`` (:mod:`dpsyn.privacy.uniform_choice`) keeps within budget for ``iterations`` steps, the inverse of
+    :func:`iteration_noise_multiplier`. Larger than the authors' analysis gives (module docstring).
     """
-    nm = dpsgd_noise_multiplier(epsilon=epsilon, delta=delta, sample_rate=1.0 / critics, steps=iterations,
-                                accountant=accountant)
-    return replace_one_noise_std(nm) * math.sqrt(batch_size)
+    nm = uniform_choice_noise_multiplier(epsilon=epsilon, delta=delta, population=critics, steps=iterations,
+                                         bound=bound)
+    return nm * SENSITIVITY_FACTOR * math.sqrt(batch_size)
 
 
-def privacy_event(*, sigma: float, critics: int, batch_size: int, iterations: int, accountant: str,
-                  label: str) -> SampledGaussianEvent:
-    """What a run charges for ``iterations`` iterations: ONE sampled-Gaussian event, noise multiplier
-    :func:`iteration_noise_multiplier`, rate 1/critics, a step per iteration (grown as the run goes)."""
-    return SampledGaussianEvent(noise_multiplier=iteration_noise_multiplier(sigma, batch_size),
-                                sample_rate=1.0 / critics, steps=iterations, accountant=accountant, label=label)
+def privacy_event(*, sigma: float, critics: int, batch_size: int, iterations: int, bound: str,
+                  label: str) -> UniformChoiceGaussianEvent:
+    """What a run charges for ``iterations`` iterations: ONE uniform-choice Gaussian event, noise multiplier
+    :func:`iteration_noise_multiplier`, K = critics, a step per iteration (grown as the run goes)."""
+    return UniformChoiceGaussianEvent(noise_multiplier=iteration_noise_multiplier(sigma, batch_size),
+                                      population=critics, steps=iterations, bound=bound, label=label)
 
 
 def published_analysis_epsilon(*, sigma: float, critics: int, batch_size: int, iterations: int, delta: float,
@@ -195,8 +225,6 @@ def published_analysis_epsilon(*, sigma: float, critics: int, batch_size: int, i
     noise multiplier sigma / 2, each subsampled at rate 1/critics on its own. NOT a privacy bound (the releases of an
     iteration share one critic draw; module docstring): recorded beside a run's true epsilon to compare with
     published numbers, never charged."""
-    from dpsyn.privacy import dpsgd_epsilon
-
     return dpsgd_epsilon(noise_multiplier=sigma / SENSITIVITY_FACTOR, sample_rate=1.0 / critics,
                          steps=iterations * batch_size, delta=delta, accountant=accountant)
 
@@ -338,57 +366,82 @@ def gradient_penalty(
     critic: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], real: torch.Tensor, fake: torch.Tensor,
     y: torch.Tensor, alpha: torch.Tensor,
     input_grad: Callable[[Callable[[torch.Tensor], torch.Tensor], torch.Tensor], torch.Tensor] = _autograd_input_grad,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """WGAN-GP's penalty: mean_j (||grad_x D(x_hat_j, y_j)|| - 1)^2 at x_hat = alpha real + (1 - alpha) fake.
-    ``input_grad`` computes the gradient: autograd for a module, ``torch.func.grad`` under the warm start's vmap."""
+    ``input_grad`` computes the gradient: autograd for a module, ``torch.func.grad`` under the warm start's vmap.
+    ``weight`` (b,): a weighted mean instead (:func:`_wmean`)."""
     a = alpha.view(-1, *([1] * (real.dim() - 1)))
     g = input_grad(lambda xh: critic(xh, y), a * real + (1 - a) * fake)
-    return ((g.flatten(1).norm(dim=1) - 1) ** 2).mean()
+    return _wmean((g.flatten(1).norm(dim=1) - 1) ** 2, weight)
+
+
+def _wmean(v: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """The mean of ``v`` (b,), or its mean over the slots of weight 1 (a 0/1 ``weight``; 0 when there are none):
+    masked slots of a small partition's batch contribute exactly nothing."""
+    if weight is None:
+        return v.mean()
+    return torch.where(weight > 0, v, torch.zeros((), dtype=v.dtype)).sum() / weight.sum().clamp(min=1.0)
 
 
 def critic_loss(
     critic: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], real: torch.Tensor, fake: torch.Tensor,
     y: torch.Tensor, alpha: torch.Tensor, *, gp_weight: float, drift: float,
     input_grad: Callable[[Callable[[torch.Tensor], torch.Tensor], torch.Tensor], torch.Tensor] = _autograd_input_grad,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One critic's WGAN-GP loss ``mean D(fake) - mean D(real) + gp_weight penalty + drift mean D(real)^2``, with
-    ``D(real)`` and ``D(fake)``; the main loop and both warm starts (one module, or stacked under vmap) use it."""
+    ``D(real)`` and ``D(fake)``; the main loop and both warm starts (one module, or stacked under vmap) use it.
+    ``weight`` (b,) 0/1: every mean over the slots of weight 1 only (a partition smaller than the batch)."""
     d_real, d_fake = critic(real, y), critic(fake, y)
-    loss = d_fake.mean() - d_real.mean() + gp_weight * gradient_penalty(critic, real, fake, y, alpha, input_grad)
-    return loss + drift * (d_real**2).mean(), d_real, d_fake
+    loss = (_wmean(d_fake, weight) - _wmean(d_real, weight)
+            + gp_weight * gradient_penalty(critic, real, fake, y, alpha, input_grad, weight))
+    return loss + drift * _wmean(d_real**2, weight), d_real, d_fake
 
 
-def _critic_draw(g: torch.Generator, rows: torch.Tensor, *, batch: int, z_dim: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One critic step's draws: ``batch`` of ``rows`` (at most all), their latents and the penalty's mixing weights."""
-    pick = rows[torch.randperm(len(rows), generator=g)[:batch]]
-    return pick, torch.randn(len(pick), z_dim, generator=g), torch.rand(len(pick), generator=g)
+def _critic_noise(g: torch.Generator, *, batch: int, z_dim: int, num_classes: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One critic step's public draws, of fixed shapes: latents, the penalty's mixing weights, and labels for the
+    masked slots (so that no draw depends on a partition's size)."""
+    return (torch.randn(batch, z_dim, generator=g), torch.rand(batch, generator=g),
+            torch.randint(0, num_classes, (batch,), generator=g))
+
+
+def _real_batch(x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, fill: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Real images, labels and 0/1 weights of a critic's batch slots (:meth:`KeyedPartitions.batch`): masked slots
+    hold a zero image and a public label ``fill``, so nothing in them comes from another partition's rows."""
+    m = mask.to(x.device)
+    real = torch.where(m.view(-1, *([1] * (x.dim() - 1))), x[rows.to(x.device)], 0.0)
+    return real, torch.where(m, y[rows.to(x.device)], fill.to(x.device)), m.to(x.dtype)
 
 
 def critic_steps_on(
-    critic: nn.Module, opt: torch.optim.Optimizer, *, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor,
-    G: nn.Module, z_dim: int, steps: int, batch: int, gp_weight: float, drift: float, generator: torch.Generator,
+    critic: nn.Module, opt: torch.optim.Optimizer, *, x: torch.Tensor, y: torch.Tensor,
+    batches: list[tuple[torch.Tensor, torch.Tensor]], G: nn.Module, z_dim: int, num_classes: int, gp_weight: float,
+    drift: float, generator: torch.Generator,
 ) -> float:
-    """``steps`` Adam steps of ``critic`` on WGAN-GP, real rows drawn from ``rows`` only (see :func:`critic_turn`);
-    returns the Wasserstein estimate ``mean D(real) - mean D(fake)`` of the last step."""
-    device = x.device
+    """One Adam step of ``critic`` on WGAN-GP per ``(rows, mask)`` of ``batches`` (its own partition's rows, from
+    :meth:`KeyedPartitions.batch`); returns the Wasserstein estimate ``mean D(real) - mean D(fake)`` of the last."""
     w = math.nan
-    for _ in range(steps):
-        pick, z, alpha = (t.to(device) for t in _critic_draw(generator, rows, batch=batch, z_dim=z_dim))
-        real, ry = x[pick], y[pick]
+    for rows, mask in batches:
+        z, alpha, fill = (t.to(x.device) for t in _critic_noise(generator, batch=len(rows), z_dim=z_dim,
+                                                               num_classes=num_classes))
+        real, ry, weight = _real_batch(x, y, rows, mask, fill)
         with torch.no_grad():
             fake = G(z, ry)
-        loss, d_real, d_fake = critic_loss(critic, real, fake, ry, alpha, gp_weight=gp_weight, drift=drift)
+        loss, d_real, d_fake = critic_loss(critic, real, fake, ry, alpha, gp_weight=gp_weight, drift=drift,
+                                           weight=weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        w = float((d_real.mean() - d_fake.mean()).detach())
+        w = float((_wmean(d_real, weight) - _wmean(d_fake, weight)).detach())
     return w
 
 
 def _warm_streams(generator: torch.Generator, k: int) -> list[int]:
-    """One seed per critic, drawn once from the run-seed ``generator``: critic k's throw-away generator, row draws,
-    latents and mixing weights come from its own stream, so they are the same whichever critics warm up beside it."""
+    """One seed per critic, drawn once from the run-seed ``generator``: critic k's throw-away generator, latents and
+    mixing weights come from its own stream, so they are the same whichever critics warm up beside it."""
     return [int(s) for s in torch.randint(0, 2**62, (k,), generator=generator)]
 
 
@@ -399,16 +452,24 @@ def _seeded(make: Callable[[], nn.Module], seed: int) -> nn.Module:
         return make()
 
 
-def _warm_draws(g: torch.Generator, rows: torch.Tensor, *, steps: int, batch: int, z_dim: int, num_classes: int
+def _warm_batches(parts: KeyedPartitions, critics: list[int], *, iteration: int, steps: int, batch: int
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The warm start's real batches of ``critics`` at one iteration, one ``(rows (m, batch), mask)`` per critic
+    step: a stateless keyed order of each critic's own partition (:meth:`KeyedPartitions.batch`, stream 1)."""
+    return [parts.batch(critics, batch, stream=_WARM_STREAM, calls=[iteration * steps + s] * len(critics))
+            for s in range(steps)]
+
+
+def _warm_draws(g: torch.Generator, *, steps: int, batch: int, z_dim: int, num_classes: int
                 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], torch.Tensor, torch.Tensor]:
-    """One warm-start iteration's draws from a critic's own stream, in :func:`critic_steps_on`'s order: per critic
-    step the rows, latents and mixing weights; then the throw-away generator's latents and labels."""
-    steps_ = [_critic_draw(g, rows, batch=batch, z_dim=z_dim) for _ in range(steps)]
+    """One warm-start iteration's public draws from a critic's own stream, in :func:`critic_steps_on`'s order: per
+    critic step the latents, mixing weights and fill labels; then the throw-away generator's latents and labels."""
+    steps_ = [_critic_noise(g, batch=batch, z_dim=z_dim, num_classes=num_classes) for _ in range(steps)]
     return steps_, torch.randn(batch, z_dim, generator=g), torch.randint(0, num_classes, (batch,), generator=g)
 
 
 def warm_start(
-    bank: CriticBank, parts: TeacherPartitions, *, x: torch.Tensor, y: torch.Tensor,
+    bank: CriticBank, parts: KeyedPartitions, *, x: torch.Tensor, y: torch.Tensor,
     make_generator: Callable[[], nn.Module], iterations: int, critic_steps: int, batch: int, z_dim: int,
     num_classes: int, gp_weight: float, drift: float, lr_g: float, betas: tuple[float, float],
     generator: torch.Generator, chunk: int = 1, progress: bool | None = None,
@@ -420,7 +481,8 @@ def warm_start(
     ``chunk`` critics warm up together: with ``chunk`` > 1 the critics and their throw-away generators are stacked
     and each step runs as one ``torch.func.vmap`` call (:func:`_warm_start_stacked`), which computes for every critic
     exactly what its own loop computes (tested); it pays where a step is too small to fill the device (a GPU). Each
-    critic draws from its own stream (:func:`_warm_streams`), so the result does not depend on ``chunk``.
+    critic draws from its own stream (:func:`_warm_streams`) and reads its rows in a keyed order of its own partition
+    (:func:`_warm_batches`), so the result does not depend on ``chunk`` nor on any other partition.
 
     Nothing here is released: the critics stay in ``bank`` (never published) and the throw-away generators are
     dropped, so no ledger entry is made (the privacy cost is in the sanitised gradients of the main run only).
@@ -435,9 +497,9 @@ def warm_start(
     for s in range(0, bank.k, chunk):
         e = min(s + chunk, bank.k)
         if e - s == 1:
-            _warm_start_one(bank, s, parts.rows[s], seed=seeds[s], **kw)
+            _warm_start_one(bank, s, parts, seed=seeds[s], **kw)
         else:
-            _warm_start_stacked(bank, s, e, [parts.rows[k] for k in range(s, e)], seeds=seeds[s:e], **kw)
+            _warm_start_stacked(bank, s, e, parts, seeds=seeds[s:e], **kw)
         bar.update(e - s)
     bar.close()
     for t in (*bank.exp_avg.values(), *bank.exp_avg_sq.values()):
@@ -446,7 +508,7 @@ def warm_start(
 
 
 def _warm_start_one(
-    bank: CriticBank, k: int, rows: torch.Tensor, *, seed: int, x: torch.Tensor, y: torch.Tensor,
+    bank: CriticBank, k: int, parts: KeyedPartitions, *, seed: int, x: torch.Tensor, y: torch.Tensor,
     make_generator: Callable[[], nn.Module], iterations: int, critic_steps: int, batch: int, z_dim: int,
     num_classes: int, gp_weight: float, drift: float, lr_g: float, betas: tuple[float, float],
 ) -> None:
@@ -455,8 +517,9 @@ def _warm_start_one(
     G_k = _seeded(make_generator, seed).to(x.device)
     opt_g = torch.optim.Adam(G_k.parameters(), lr=lr_g, betas=betas)
     critic, opt = bank.checkout(k)
-    for _ in range(iterations):
-        critic_steps_on(critic, opt, x=x, y=y, rows=rows, G=G_k, z_dim=z_dim, steps=critic_steps, batch=batch,
+    for i in range(iterations):
+        batches = [(r[0], m[0]) for r, m in _warm_batches(parts, [k], iteration=i, steps=critic_steps, batch=batch)]
+        critic_steps_on(critic, opt, x=x, y=y, batches=batches, G=G_k, z_dim=z_dim, num_classes=num_classes,
                         gp_weight=gp_weight, drift=drift, generator=g)
         z = torch.randn(batch, z_dim, generator=g).to(x.device)
         yz = torch.randint(0, num_classes, (batch,), generator=g).to(x.device)
@@ -469,7 +532,7 @@ def _warm_start_one(
 
 
 def _warm_start_stacked(
-    bank: CriticBank, s: int, e: int, rows: list[torch.Tensor], *, seeds: list[int], x: torch.Tensor, y: torch.Tensor,
+    bank: CriticBank, s: int, e: int, parts: KeyedPartitions, *, seeds: list[int], x: torch.Tensor, y: torch.Tensor,
     make_generator: Callable[[], nn.Module], iterations: int, critic_steps: int, batch: int, z_dim: int,
     num_classes: int, gp_weight: float, drift: float, lr_g: float, betas: tuple[float, float],
 ) -> None:
@@ -499,9 +562,9 @@ def _warm_start_stacked(
         return grad(lambda xx: f(xx).sum())(xh)  # autograd.grad cannot run under vmap
 
     def stacked_loss(p: dict, b: dict, real: torch.Tensor, fake: torch.Tensor, ys: torch.Tensor,
-                     alpha: torch.Tensor) -> torch.Tensor:
+                     alpha: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return critic_loss(lambda xs, yy: D(p, b, xs, yy), real, fake, ys, alpha, gp_weight=gp_weight, drift=drift,
-                           input_grad=func_input_grad)[0]
+                           input_grad=func_input_grad, weight=weight)[0]
 
     def generator_loss(gp: dict, gb: dict, p: dict, b: dict, zs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
         return -D(p, b, G(gp, gb, zs, ys), ys).mean()
@@ -509,17 +572,22 @@ def _warm_start_stacked(
     critic_grads = vmap(grad(stacked_loss))
     generator_grads = vmap(grad(generator_loss))
     fakes = vmap(G)
-    for _ in range(iterations):
-        draws = [_warm_draws(g, r, steps=critic_steps, batch=batch, z_dim=z_dim, num_classes=num_classes)
-                 for g, r in zip(streams, rows)]
-        for step in range(critic_steps):
-            pick = torch.stack([d[0][step][0] for d in draws]).to(device)
-            z = torch.stack([d[0][step][1] for d in draws]).to(device)
-            alpha = torch.stack([d[0][step][2] for d in draws]).to(device)
-            real, ry = x[pick], y[pick]
+    critics = list(range(s, e))
+    for i in range(iterations):
+        draws = [_warm_draws(g, steps=critic_steps, batch=batch, z_dim=z_dim, num_classes=num_classes)
+                 for g in streams]
+        for step, (rows, mask) in enumerate(_warm_batches(parts, critics, iteration=i, steps=critic_steps,
+                                                          batch=batch)):
+            z = torch.stack([d[0][step][0] for d in draws]).to(device)
+            alpha = torch.stack([d[0][step][1] for d in draws]).to(device)
+            fill = torch.stack([d[0][step][2] for d in draws]).to(device)
+            m = mask.to(device)
+            real = torch.where(m.view(*m.shape, *([1] * (x.dim() - 1))), x[rows.to(device)], 0.0)
+            ry = torch.where(m, y[rows.to(device)], fill)
             with torch.no_grad():
                 fake = fakes(g_params, g_buffers, z, ry)
-            grads = critic_grads({n: p.detach() for n, p in c_params.items()}, c_buffers, real, fake, ry, alpha)
+            grads = critic_grads({n: p.detach() for n, p in c_params.items()}, c_buffers, real, fake, ry, alpha,
+                                 m.to(x.dtype))
             for n, p in c_params.items():
                 p.grad = grads[n]
             opt_c.step()
@@ -538,27 +606,30 @@ def _warm_start_stacked(
 
 
 def critic_turn(
-    bank: CriticBank, k: int, *, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor, G: nn.Module, z_dim: int,
-    steps: int, batch: int, gp_weight: float, drift: float, generator: torch.Generator,
+    bank: CriticBank, k: int, *, x: torch.Tensor, y: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor]],
+    G: nn.Module, z_dim: int, num_classes: int, gp_weight: float, drift: float, generator: torch.Generator,
+    keep: bool = True,
 ) -> tuple[nn.Module, float]:
-    """Critic k's turn: ``steps`` Adam steps on WGAN-GP with real rows drawn from ``rows`` (its partition) only.
+    """Critic k's turn: one Adam step on WGAN-GP per ``(rows, mask)`` of ``batches``, rows of its partition only.
 
     Args:
-        bank: the critics; critic k is checked out, trained, checked back in.
+        bank: the critics; critic k is checked out, trained and, with ``keep``, checked back in.
         x, y: all private rows and labels (on the bank's device); only ``x[rows]`` is read.
-        rows: (m,) row ids of critic k's partition.
+        batches: ``(rows (b,), mask (b,))`` per step (:meth:`KeyedPartitions.batch`: critic k's rows only).
         G: the generator (fakes G(z, y_real), no gradient into G).
-        z_dim, steps, batch: latent size, critic steps, real rows per step (at most m).
+        z_dim, num_classes: latent size and classes (labels of masked slots).
         gp_weight, drift: lambda of the gradient penalty, weight of ``mean D(real)^2``.
-        generator: run-seed generator (row draws, latents, GP mixing weights).
+        generator: run-seed generator (latents, GP mixing weights, fill labels: fixed shapes).
+        keep: False for a throw-away copy (``method.fresh_steps``): the bank keeps critic k as it was.
 
     Returns:
         ``(critic module holding k's new weights, Wasserstein estimate mean D(real) - mean D(fake) of the last step)``.
     """
     critic, opt = bank.checkout(k)
-    w = critic_steps_on(critic, opt, x=x, y=y, rows=rows, G=G, z_dim=z_dim, steps=steps, batch=batch,
+    w = critic_steps_on(critic, opt, x=x, y=y, batches=batches, G=G, z_dim=z_dim, num_classes=num_classes,
                         gp_weight=gp_weight, drift=drift, generator=generator)
-    bank.checkin(k, opt)
+    if keep:
+        bank.checkin(k, opt)
     return critic, w
 
 
@@ -584,12 +655,13 @@ class GSWGAN(Method):
         """Every hyperparameter (checked at compose time by the schema, dpsyn.config.schema.GSWGANSchema)."""
         hp: dict[str, Any] = {}
         for key in ("critics", "iterations", "batch_size", "critic_steps", "z_dim", "ngf", "ndf", "checkpoint_every",
-                    "warm_start_iterations", "warm_start_chunk"):
+                    "warm_start_iterations", "warm_start_chunk", "fresh_steps"):
             hp[key] = int(cfg.get(key))
         for key in ("clip", "gp_weight", "lr_g", "lr_d", "beta1", "beta2", "ema", "drift"):
             hp[key] = float(cfg.get(key))
-        for key in ("clip_at_inf", "shuffle_partitions"):
-            hp[key] = bool(cfg.get(key))
+        hp["clip_at_inf"] = bool(cfg.get("clip_at_inf"))
+        hp["bound"] = str(cfg.get("bound"))
+        hp["critic_schedule"] = str(cfg.get("critic_schedule"))
         m = cfg.get("output_frequencies")
         hp["output_frequencies"] = None if m is None else int(m)
         return hp
@@ -617,22 +689,28 @@ class GSWGAN(Method):
         n_rows, K, b = len(private), hp["critics"], hp["batch_size"]
         if n_rows < K:
             raise ValueError(f"method.critics={K} exceeds the {n_rows} private examples (one row at least each)")
+        if budget.private and hp["critic_schedule"] != "round_robin":
+            raise ValueError(f"method.critic_schedule={hp['critic_schedule']} trains the critic drawn, so every critic "
+                             f"depends on the secret draws of earlier iterations, which no bound here covers: it is "
+                             f"the authors' loop, for eps=inf only (this run has eps={budget.epsilon}); private runs "
+                             f"take method.critic_schedule=round_robin")
         iterations = ctx.capped_steps(hp["iterations"])
         if budget.private:
             sigma = gs_wgan_sigma(epsilon=budget.epsilon, delta=budget.delta, critics=K, iterations=iterations,
-                                  batch_size=b, accountant=ctx.accountant)
+                                  batch_size=b, bound=hp["bound"])
             clip: float | None = hp["clip"]
             log.info("gs_wgan: sigma %.4f C a release (noise multiplier %.4f an iteration of %d releases, sensitivity "
-                     "2C sqrt(b)) for %d iterations at rate 1/%d (%s accountant, eps=%g, delta=%g)", sigma,
-                     iteration_noise_multiplier(sigma, b), b, iterations, K, ctx.accountant, budget.epsilon,
-                     budget.delta)
+                     "2C sqrt(b)) for %d iterations, one of %d critics drawn uniformly (%s bound: %s; eps=%g, "
+                     "delta=%g)", sigma, iteration_noise_multiplier(sigma, b), b, iterations, K, hp["bound"],
+                     BOUND_BASIS[hp["bound"]], budget.epsilon, budget.delta)
         else:
             sigma, clip = 0.0, (hp["clip"] if hp["clip_at_inf"] else None)
 
         torch.manual_seed(ctx.seed)  # initialisation of G and of the critics
-        gen = torch.Generator().manual_seed(ctx.seed)  # partitions, latents, labels, critic batches
-        parts = TeacherPartitions(n_rows, K, generator=gen, shuffle=hp["shuffle_partitions"])
-        critic_batch = min(b, parts.size)
+        gen = torch.Generator().manual_seed(ctx.seed)  # latents, labels, warm-start streams (public; fixed shapes)
+        # a row's critic: a keyed hash of its source id (removing a row changes its own partition only)
+        parts = KeyedPartitions(source_ids(private, "gs_wgan"), K, key=partition_key(ctx.seed, "critics"))
+        critic_batch = b
         channels, resolution = ctx.shape[0], ctx.shape[1]
         make_generator = self._make_generator  # the main G, and each critic's throw-away warm-start generator
         G = make_generator().to(device)
@@ -675,7 +753,7 @@ class GSWGAN(Method):
                 picker.set_state(state["picker"])
                 if dp_gen is not None:
                     dp_gen.set_state(state["dp_gen"])
-            # the ledger as saved: its one event holds the sanitised releases already made, charged once
+            # the ledger as saved (with the charges an interrupted attempt journalled after it): charged once
             restored = saved.restore_ledger(ledger)
             event_id: int | None = restored[0] if budget.private else None
             log.info("resuming gs_wgan from %s at iteration %d (%d sanitised releases already charged)", ckpt.path,
@@ -685,16 +763,17 @@ class GSWGAN(Method):
             m = hp["output_frequencies"]
             band = "" if m is None else f", in the {m}x{m} lowest DCT frequencies a channel"
             event_id = ledger.add(privacy_event(
-                sigma=sigma, critics=K, batch_size=b, iterations=start, accountant=ctx.accountant,
+                sigma=sigma, critics=K, batch_size=b, iterations=start, bound=hp["bound"],
                 label=f"gs_wgan sanitised generator gradients ({b} a step through the critic drawn: "
                       f"clip {hp['clip']:g}, noise std {sigma:.4g} C each, sensitivity 2C sqrt({b}) a step, "
-                      f"{K} critics{band}; {SAMPLING_NOTE})",
+                      f"{K} critics{band}; {SAMPLING_NOTE}; critics trained {hp['critic_schedule']})",
             ))
         else:
             event_id = None
             ledger.add(NonPrivateEvent(label="gs_wgan trained without noise (eps=inf)"))
 
-        self.train_log: dict[str, Any] = {"partition_size": parts.size, "critic_batch": critic_batch}
+        self.train_log: dict[str, Any] = {"partition_size": parts.nominal_size, "critic_batch": critic_batch,
+                                          "critic_schedule": hp["critic_schedule"], "fresh_steps": hp["fresh_steps"]}
         t0 = time.perf_counter()
         warm = ctx.capped_steps(hp["warm_start_iterations"]) if hp["warm_start_iterations"] else 0
         if saved is None and warm:
@@ -709,18 +788,37 @@ class GSWGAN(Method):
                 ckpt.save(0, self._state(released, G, G_ema, opt_g, bank, parts, gen, picker, dp_gen, budget), ledger)
         self.train_log["warm_start_iterations"] = warm
         it, w = start, math.nan
+        kw = dict(x=x_all, y=y_all, G=G, z_dim=hp["z_dim"], num_classes=ctx.num_classes, gp_weight=hp["gp_weight"],
+                  drift=hp["drift"], generator=gen)
+
+        def charged() -> int:  # iterations charged so far: more than ``it`` after a resume that kept lost charges
+            return it if event_id is None else ledger.events[event_id].steps
+
+        if event_id is not None and charged() > it:
+            log.warning("gs_wgan: %d iterations of an interrupted attempt after its last checkpoint stay charged; "
+                        "the run stops when %d are charged, %d generator iterations short", charged() - it,
+                        iterations, charged() - it)
         G.train()
         # under DP the bar shows iterations and the epsilon spent only (never the critic drawn nor its W estimate)
         bar = tqdm(total=iterations, initial=start, desc="gs_wgan iterations", leave=False, disable=None)
-        while it < iterations:
-            k = int(draw_critics(K, 1, picker))
-            critic, w = critic_turn(bank, k, x=x_all, y=y_all, rows=parts.rows[k], G=G, z_dim=hp["z_dim"],
-                                    steps=hp["critic_steps"], batch=critic_batch, gp_weight=hp["gp_weight"],
-                                    drift=hp["drift"], generator=gen)
+        while charged() < iterations:
+            k = int(draw_critics(K, 1, picker))  # the secret, fresh draw: the mechanism's subsampling
+            # the critic that trains: under round_robin critic it mod K (a public schedule, whatever was drawn)
+            s = trained_critic(it, K, k, hp["critic_schedule"])
+            critic, w = critic_turn(bank, s, batches=[(r[0], m[0]) for r, m in
+                                                      (parts.batch([s], critic_batch)
+                                                       for _ in range(hp["critic_steps"]))], **kw)
+            if hp["fresh_steps"]:  # a throw-away copy of critic k fitted to the current G (rows: stateless)
+                fresh = [(r[0], m[0]) for r, m in
+                         (parts.batch([k], critic_batch, stream=_FRESH_STREAM, calls=[it * hp["fresh_steps"] + i])
+                          for i in range(hp["fresh_steps"]))]
+                critic, w = critic_turn(bank, k, batches=fresh, keep=False, **kw)
+            elif s != k:
+                critic, _ = bank.checkout(k)
             z = torch.randn(b, hp["z_dim"], generator=gen).to(device)
             y = torch.randint(0, ctx.num_classes, (b,), generator=gen).to(device)  # labels uniform (public)
             if event_id is not None:
-                ledger.record_steps(event_id, 1)  # the iteration's b releases, charged before they are used
+                ledger.record_steps(event_id, 1)  # the iteration's b releases, charged before they are made
             released += b
             opt_g.zero_grad(set_to_none=True)
             generator_step(G, critic, z=z, y=y, clip=clip, sigma=sigma, generator=dp_gen, basis=basis)
@@ -734,7 +832,7 @@ class GSWGAN(Method):
                 bar.set_postfix(eps=f"{spent:.3f}", refresh=False)
             if it % 100 == 0 or it == 1:
                 # Under DP the log names neither the critic drawn (the secret subsample that the 1/K amplification
-                # relies on) nor its W estimate (read from private rows without noise): logs are published with a run.
+                # relies on) nor a W estimate (read from private rows without noise): logs are published with a run.
                 if event_id is None:
                     log.info("gs_wgan iteration %d/%d: critic %d, W estimate %.4f", it, iterations, k, w)
                 else:
@@ -758,10 +856,10 @@ class GSWGAN(Method):
         log.info("gs_wgan: %d iterations, %d sanitised releases, sigma %.4g", it, released, sigma)
 
     def _state(self, released: int, G: nn.Module, G_ema: nn.Module, opt_g: torch.optim.Optimizer, bank: CriticBank,
-               parts: TeacherPartitions, gen: torch.Generator, picker: torch.Generator,
+               parts: KeyedPartitions, gen: torch.Generator, picker: torch.Generator,
                dp_gen: torch.Generator | None, budget: PrivacyBudget) -> dict[str, Any]:
         """The checkpoint's state; the DP generators' states only where they are not secret (deterministic noise or
-        eps=inf)."""
+        eps=inf). The partitions' state is their batch counters (a function of the public schedule)."""
         keep = self.ctx.deterministic_noise or not budget.private
         return {
             "releases": released, "G": G.state_dict(), "G_ema": G_ema.state_dict(), "opt_g": opt_g.state_dict(),
@@ -780,9 +878,9 @@ class GSWGAN(Method):
         prov = {
             "method": "gs_wgan",
             "labels": "uniform over classes (public choice)",
-            "accountant": f"sampled-Gaussian {self.ctx.accountant}, one step an iteration: its b releases share the "
-                          f"critic drawn (noise multiplier sigma / (2 sqrt(b)), sensitivity 2C sqrt(b)), rate 1/K; "
-                          f"{SAMPLING_NOTE}",
+            "accountant": f"uniform-choice gaussian rdp ({self.hp['bound']} bound: {BOUND_BASIS[self.hp['bound']]}), "
+                          f"one step an iteration: its b releases share the critic drawn (noise multiplier "
+                          f"sigma / (2 sqrt(b)), sensitivity 2C sqrt(b)), one of K; {SAMPLING_NOTE}",
             "critics": self.hp["critics"],
             "warm_start": f"{self.train_log.get('warm_start_iterations', 0)} non-private iterations per critic "
                           "(authors: 2000; not charged: the critics are not released)",

@@ -5,7 +5,8 @@ privately aggregated votes of N teacher discriminators trained on disjoint parti
 Per step (Algorithm 1 of Jordon et al., with the data kept where it belongs):
 
 * Teachers (:func:`teacher_update`): N binary classifiers real-vs-fake, teacher i trained ONLY on the i-th of N
-  disjoint partitions of the private rows (:class:`dpsyn.nets.ensemble.TeacherPartitions`; label 1) against the
+  disjoint partitions of the private rows (:class:`dpsyn.data.partitions.KeyedPartitions`, a keyed hash of each
+  row's source id, so removing a row changes its own partition only; label 1) against the
   generator's current samples (label 0), ``teacher_steps`` Adam steps each
   (:class:`dpsyn.nets.ensemble.TeacherEnsemble`, the N teachers as one batched computation).
 * Student labels (:func:`binary_votes`, :func:`student_labels`): ``batch_size`` fresh generated samples, one query
@@ -54,6 +55,7 @@ from tqdm.auto import tqdm
 
 from dpsyn.config import PATE_NOISE_KEYS
 from dpsyn.data.base import Split
+from dpsyn.data.partitions import KeyedPartitions, partition_key, source_ids
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.methods.g_pate import (
     TEACHER_ARCHS,
@@ -69,7 +71,6 @@ from dpsyn.nets.ensemble import (
     CondMLPTeacher,
     CondPATETeacher,
     TeacherEnsemble,
-    TeacherPartitions,
 )
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
 from dpsyn.privacy import (
@@ -93,14 +94,15 @@ TABLE_TEACHERS = ("auto", "mlp")
 
 
 def teacher_update(
-    ens: TeacherEnsemble, parts: TeacherPartitions, x_all: torch.Tensor, y_all: torch.Tensor, fake: torch.Tensor,
+    ens: TeacherEnsemble, parts: KeyedPartitions, x_all: torch.Tensor, y_all: torch.Tensor, fake: torch.Tensor,
     fake_y: torch.Tensor, *, steps: int, batch: int,
 ) -> torch.Tensor:
     """``steps`` Adam steps of every teacher on ``batch`` rows of ITS OWN partition (label 1) vs ``fake`` (label 0).
 
     Args:
         ens: the N teachers.
-        parts: the N disjoint partitions of the private rows; row i of ``parts.sample`` belongs to teacher i only.
+        parts: the N disjoint partitions of the private rows; row i of ``parts.batch`` belongs to teacher i only
+            (a partition smaller than ``batch`` masks the rest of its slots).
         x_all, y_all: all private rows and labels (indexed by the partitions' row ids).
         fake, fake_y: (b, ...) / (b,) generated samples, shared by all teachers (no privacy cost).
         steps, batch: Adam steps and real rows per teacher per step.
@@ -111,8 +113,9 @@ def teacher_update(
     fake, fake_y = fake.detach(), fake_y.detach()
     losses = torch.zeros(ens.n_teachers)
     for _ in range(steps):
-        rows = parts.sample(batch).to(x_all.device)  # (N, batch): row i from partition i only
-        losses = ens.train_step(x_all[rows], y_all[rows], fake, fake_y)
+        rows, mask = (t.to(x_all.device) for t in parts.batch(None, batch))  # (N, batch): row i from partition i
+        real = torch.where(mask.view(*mask.shape, *([1] * (x_all.dim() - 1))), x_all[rows], 0.0)
+        losses = ens.train_step(real, torch.where(mask, y_all[rows], 0), fake, fake_y, real_mask=mask)
     return losses
 
 
@@ -294,11 +297,14 @@ class PATEGAN(Method):
                              f"differentially private: it is a rung of the non-private ladder, for eps=inf only (this "
                              f"run has eps={budget.epsilon}); private runs take method.inf_signal=student")
         torch.manual_seed(ctx.seed)  # initialisation of G, S and the teachers
-        gen = torch.Generator().manual_seed(ctx.seed)  # latents, labels, teacher batches
-        parts = TeacherPartitions(n_rows, n_teachers, generator=gen, shuffle=hp["shuffle"])
-        tb = hp["teacher_batch"] or min(b, parts.size)
-        if tb > parts.size:
-            raise ValueError(f"method.teacher_batch={tb} exceeds the {parts.size} rows of each of the {n_teachers} partitions")
+        gen = torch.Generator().manual_seed(ctx.seed)  # latents, labels (public; fixed shapes)
+        # a row's teacher: a keyed hash of its source id (removing a row changes its own partition only)
+        parts = KeyedPartitions(source_ids(private, "pate_gan"), n_teachers, key=partition_key(ctx.seed, "teachers"))
+        m = parts.nominal_size  # n // N of the declared-public n; the partitions' own sizes vary and are not read
+        tb = hp["teacher_batch"] or min(b, m)
+        if tb > m:
+            raise ValueError(f"method.teacher_batch={tb} exceeds the {m} rows a partition holds on average "
+                             f"(n // {n_teachers} teachers)")
         G, S = self._make_generator().to(device), self._make_student().to(device)
         ens = TeacherEnsemble(self._make_teacher(), n_teachers, lr=hp["lr_d"], betas=(hp["beta1"], 0.999),
                               chunk_size=hp["teacher_chunk"], device=device)
@@ -346,7 +352,7 @@ class PATEGAN(Method):
         if event is not None:
             log_pate_allowance("pate_gan", event, rest, per_step=b, unit="steps")
 
-        self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": parts.size}
+        self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": m}
         t0 = time.perf_counter()
         step, s_loss = start, math.nan
         G.train()

@@ -1,7 +1,7 @@
-"""A vectorised ensemble of N teacher discriminators of one architecture, and the partitions they train on.
+"""A vectorised ensemble of N teacher discriminators of one architecture.
 
 PATE-style methods (G-PATE, paper 002) train thousands of small discriminators, each on its own disjoint slice of
-the private data. A Python loop over N modules launches N small kernels per layer; here the N teachers' parameters
+the private data (:class:`dpsyn.data.partitions.KeyedPartitions`). A Python loop over N modules launches N small kernels per layer; here the N teachers' parameters
 are stacked (``torch.func.stack_module_state``: every parameter gets a leading N dimension) and one
 ``torch.func.functional_call`` is ``vmap``-ed over that dimension, so each layer runs as ONE batched kernel
 (a convolution with batched weights becomes a grouped convolution; with a shared input, one wider convolution).
@@ -179,18 +179,24 @@ class TeacherEnsemble(nn.Module):
     # ---- training -------------------------------------------------------------------------------------------
 
     def train_step(
-        self, real_x: torch.Tensor, real_y: torch.Tensor, fake_x: torch.Tensor, fake_y: torch.Tensor
+        self, real_x: torch.Tensor, real_y: torch.Tensor, fake_x: torch.Tensor, fake_y: torch.Tensor,
+        real_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One Adam step of every teacher on BCE(D_i(real), 1) + BCE(D_i(fake), 0) (means over its batch).
 
         Args:
             real_x, real_y: (N, b, ...) / (N, b): teacher i's real rows (from its own partition only).
             fake_x, fake_y: (N, b', ...) / (N, b') per-teacher fakes, or (b', ...) / (b',) fakes shared by all.
+            real_mask: (N, b) bool, or None (all real slots used): teacher i's real term is the mean over its
+                unmasked slots, and 0 where it has none (a partition smaller than the batch, or empty:
+                :meth:`dpsyn.data.partitions.KeyedPartitions.batch`). Masked slots get exactly no weight.
 
         Returns:
             (N,) each teacher's loss before the step (detached).
         """
         self._check_n(real_x, real_y)
+        if real_mask is not None and tuple(real_mask.shape) != tuple(real_y.shape):
+            raise ValueError(f"real_mask of shape {tuple(real_mask.shape)} for real rows {tuple(real_y.shape)}")
         shared = fake_x.dim() == real_x.dim() - 1
         if not shared:
             self._check_n(fake_x, fake_y)
@@ -213,7 +219,12 @@ class TeacherEnsemble(nn.Module):
                 params, bufs, torch.cat([real_x[s:e], fx], dim=1), torch.cat([real_y[s:e], fy], dim=1)
             )
             lr_, lf = logits[:, : real_x.shape[1]], logits[:, real_x.shape[1] :]
-            loss = F.binary_cross_entropy_with_logits(lr_, torch.ones_like(lr_), reduction="none").mean(1)
+            real_loss = F.binary_cross_entropy_with_logits(lr_, torch.ones_like(lr_), reduction="none")
+            if real_mask is None:
+                loss = real_loss.mean(1)
+            else:  # where() rather than a product: a masked slot contributes exactly nothing
+                w = real_mask[s:e].to(real_loss.dtype)
+                loss = torch.where(real_mask[s:e], real_loss, 0.0).sum(1) / w.sum(1).clamp(min=1.0)
             loss = loss + F.binary_cross_entropy_with_logits(lf, torch.zeros_like(lf), reduction="none").mean(1)
             # teachers are independent: the sum gives each exactly the gradient of its own loss
             grads = torch.autograd.grad(loss.sum(), list(params.values()))
@@ -363,67 +374,3 @@ class CondMLPTeacher(nn.Module):
         for layer in self.rest:
             h = F.leaky_relu(layer(h), 0.2)
         return self.out(h).squeeze(1)
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# partitions
-# ------------------------------------------------------------------------------------------------------------------
-
-
-class TeacherPartitions:
-    """N disjoint contiguous partitions of ``n_rows`` private rows, and a per-teacher batch sampler.
-
-    Teacher i owns rows ``order[i*m:(i+1)*m]`` with ``m = n_rows // N`` (G-PATE's ``partition_dataset``: the
-    ``n_rows - N*m`` leftover rows are used by no teacher). ``order`` is the identity, or a permutation drawn from
-    ``generator`` (data-independent, so each row still belongs to exactly one teacher). :meth:`sample` only ever
-    draws teacher i's rows from its own partition: it walks a fresh per-teacher permutation of the partition and
-    reshuffles it once exhausted (without replacement within a pass).
-
-    Args:
-        n_rows: number of private rows.
-        n_teachers: N, at most ``n_rows``.
-        generator: shuffles the rows before partitioning and draws the batches (None: no shuffle, torch's RNG).
-
-    Raises:
-        ValueError: if there are fewer rows than teachers.
-    """
-
-    def __init__(self, n_rows: int, n_teachers: int, *, generator: torch.Generator | None = None,
-                 shuffle: bool = True) -> None:
-        if n_teachers < 1 or n_rows < n_teachers:
-            raise ValueError(f"{n_teachers} teachers need at least as many private rows, got {n_rows}")
-        self.n_teachers, self.size = int(n_teachers), int(n_rows) // int(n_teachers)
-        self.generator = generator
-        order = torch.randperm(n_rows, generator=generator) if shuffle else torch.arange(n_rows)
-        self.rows = order[: self.n_teachers * self.size].view(self.n_teachers, self.size)  # (N, m) row ids
-        self._perm = self._new_perm()
-        self._cursor = 0
-
-    def _new_perm(self) -> torch.Tensor:
-        return torch.argsort(torch.rand(self.n_teachers, self.size, generator=self.generator), dim=1)
-
-    def owner(self) -> torch.Tensor:
-        """(N*m,) teacher id of each used row, aligned with ``rows.flatten()``."""
-        return torch.arange(self.n_teachers).repeat_interleave(self.size)
-
-    def sample(self, batch: int) -> torch.Tensor:
-        """(N, batch) row ids: row i holds ``batch`` distinct rows of teacher i's partition.
-
-        Raises:
-            ValueError: if ``batch`` exceeds the partition size.
-        """
-        if not 1 <= batch <= self.size:
-            raise ValueError(f"teacher batch {batch} must lie in [1, {self.size}] (the rows of one partition)")
-        if self._cursor + batch > self.size:
-            self._perm, self._cursor = self._new_perm(), 0
-        cols = self._perm[:, self._cursor : self._cursor + batch]
-        self._cursor += batch
-        return torch.gather(self.rows, 1, cols)
-
-    def state_dict(self) -> dict[str, torch.Tensor | int]:
-        return {"rows": self.rows, "perm": self._perm, "cursor": self._cursor}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor | int]) -> None:
-        if tuple(state["rows"].shape) != tuple(self.rows.shape):  # type: ignore[union-attr]
-            raise ValueError(f"partition state of shape {tuple(state['rows'].shape)} != {tuple(self.rows.shape)}")  # type: ignore[union-attr]
-        self.rows, self._perm, self._cursor = state["rows"], state["perm"], int(state["cursor"])  # type: ignore[assignment]

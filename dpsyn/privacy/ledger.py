@@ -9,9 +9,15 @@ Event kinds (each a dataclass with a ``kind`` and its parameters, JSON-serialisa
 * :class:`GaussianEvent`: ``count`` adaptive sensitivity-1 Gaussian releases with noise multiplier ``nm``
   (``mu``-GDP with ``mu = sqrt(count)/nm``).
 * :class:`SampledGaussianEvent`: a DP-SGD run (Poisson-subsampled Gaussian), its steps growing as training goes.
+* :class:`UniformChoiceGaussianEvent`: steps of a Gaussian mechanism on one of K units drawn uniformly (GS-WGAN's
+  critics; :mod:`dpsyn.privacy.uniform_choice`), its steps growing as training goes.
 * :class:`ApproxDPEvent`: a mechanism already calibrated to ``(epsilon, delta)`` (classic Gaussian, Laplace, ...).
 * :class:`NonPrivateEvent`: a release without DP (epsilon = inf).
 * :class:`PATEEvent`: Confident-GNMax queries to a teacher ensemble (G-PATE, PATE-GAN), growing as training goes.
+
+Neighbouring datasets differ by removing or adding one private row (:data:`ADJACENCY`), for every event: each
+event's analysis is stated under that relation, or converts to it (:attr:`PrivacyEvent.relation`; docs/privacy.md
+says what each mechanism's analysis assumes). privacy.json records the relation and, per event, its sampling scheme.
 
 Composition in :meth:`PrivacyLedger.epsilon` (the simplest exact-enough rule that applies):
 
@@ -37,12 +43,13 @@ Recording PATE queries (one event per teacher ensemble, queries added per batch)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -83,6 +90,9 @@ LEDGER_VERSION = 1
 PRIVACY_FILENAME = "privacy.json"
 SAMPLINGS: tuple[str, ...] = ("poisson",)
 """Sampling schemes the DP-SGD accountants support (both assume Poisson subsampling)."""
+ADJACENCY = "add_remove"
+"""dpsyn's one neighbour relation: two datasets are neighbours when one is the other with one private row removed."""
+ADJACENCY_TEXT = "add/remove one private row (the same relation for every event)"
 
 _BUDGET_RTOL = 1e-9
 
@@ -108,10 +118,18 @@ class PrivacyEvent:
 
     kind: ClassVar[str] = ""
     label: str = ""
+    relation: ClassVar[str] = "add/remove one row: the mechanism's own analysis"
+    """How the event's analysis meets :data:`ADJACENCY` (written to privacy.json, not read back)."""
+    sampling_scheme: ClassVar[str] = "none"
+    """The sampling its accounting assumes, for events without a ``sampling`` field (written, not read back)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The event as a JSON-serialisable dict: ``{"kind": ..., <field>: <value>, ...}``."""
-        return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
+        """The event as a JSON-serialisable dict: ``{"kind": ..., <field>: <value>, ..., "relation": ...}``, with
+        ``sampling`` for every kind (a field where the event has one)."""
+        out = {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
+        out.setdefault("sampling", self.sampling_scheme)
+        out["relation"] = self.relation
+        return out
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> PrivacyEvent:
@@ -126,8 +144,10 @@ class PrivacyEvent:
         cls = EVENT_KINDS.get(kind)
         if cls is None:
             raise ValueError(f"unknown privacy event kind {kind!r}; known: {', '.join(sorted(EVENT_KINDS))}")
-        params = {k: v for k, v in data.items() if k != "kind"}
         allowed = {f.name for f in fields(cls)}
+        # written by to_dict for the reader, not parameters (a field "sampling" is read back and checked)
+        params = {k: v for k, v in data.items()
+                  if k != "kind" and k != "relation" and not (k == "sampling" and k not in allowed)}
         unknown = sorted(set(params) - allowed)
         if unknown:
             raise ValueError(f"unexpected fields {unknown} for privacy event kind {kind!r}; allowed: {sorted(allowed)}")
@@ -170,16 +190,19 @@ class SampledGaussianEvent(PrivacyEvent):
         sample_rate: Poisson sampling rate in (0, 1].
         steps: Optimiser steps taken so far, >= 0.
         accountant: ``"rdp"`` or ``"prv"`` (always explicit).
-        sampling: The data loader's sampling scheme; only ``"poisson"`` is accounted for.
+        sampling: The data loader's sampling scheme, stated by the code that draws the batches
+            (:data:`dpsyn.lit.dpsgd.POISSON`); only ``"poisson"`` is accounted for: any other scheme (a uniform
+            choice of one of K critics, a shuffled loader) is refused, whatever its noise.
         label: Free text saying what was trained.
     """
 
     kind: ClassVar[str] = "sampled_gaussian"
+    relation: ClassVar[str] = "add/remove one row: Opacus's Poisson-subsampled RDP/PRV analysis"
     noise_multiplier: float
     sample_rate: float
     steps: int
     accountant: str
-    sampling: str = "poisson"
+    sampling: str
 
     def __post_init__(self) -> None:
         self.noise_multiplier = _check_positive("noise_multiplier", self.noise_multiplier)
@@ -456,6 +479,60 @@ class PATEEvent(PrivacyEvent):
         return self.queries > 0 or self.smooth_release is not None
 
 
+@dataclass(kw_only=True)
+class UniformChoiceGaussianEvent(PrivacyEvent):
+    """``steps`` steps of a Gaussian mechanism on ONE of ``population`` units drawn uniformly and secretly at each
+    step (GS-WGAN: the critic drawn), accounted by :func:`dpsyn.privacy.uniform_choice.uniform_choice_rdp`.
+
+    Removing a row changes one unit (its partition's critic: :class:`dpsyn.data.partitions.KeyedPartitions`), so the
+    analysis is replace-one at the unit level with K fixed; ``bound`` names the per-step bound (``convexity``, a
+    written proof; ``wang2019``, a cited theorem; ``poisson_argument``, an assumption). ``steps`` grows in place.
+
+    Attributes:
+        noise_multiplier: Noise std divided by the L2 distance any two units' outputs can have, > 0.
+        population: K >= 1.
+        steps: Steps taken so far, >= 0.
+        bound: One of :data:`dpsyn.privacy.uniform_choice.UNIFORM_CHOICE_BOUNDS`.
+        sampling: ``"uniform_one_of_k"``, the only scheme these bounds analyse.
+        label: Free text saying what was released.
+    """
+
+    kind: ClassVar[str] = "uniform_choice_gaussian"
+    relation: ClassVar[str] = ("add/remove one row changes one unit's partition: replace-one of K units, K fixed "
+                               "(dpsyn.privacy.uniform_choice)")
+    noise_multiplier: float
+    population: int
+    steps: int
+    bound: str = "convexity"
+    sampling: str = "uniform_one_of_k"
+
+    def __post_init__(self) -> None:
+        from dpsyn.privacy.uniform_choice import SAMPLING, check_bound
+
+        self.noise_multiplier = _check_positive("noise_multiplier", self.noise_multiplier)
+        self.population = _check_count("population", self.population)
+        if self.population < 1:
+            raise ValueError("population must be >= 1")
+        self.steps = _check_count("steps", self.steps)
+        check_bound(self.bound)
+        if self.sampling != SAMPLING:
+            raise ValueError(f"sampling {self.sampling!r}: a uniform-choice event analyses {SAMPLING!r} only")
+        self.label = _check_label(self.label)
+
+    def add_steps(self, n: int = 1) -> None:
+        """Record ``n`` more steps."""
+        self.steps += _check_count("n", n)
+
+    def rdp(self, orders: Sequence[float]) -> np.ndarray:
+        """The RDP curve of its steps at ``orders``."""
+        from dpsyn.privacy.uniform_choice import uniform_choice_rdp
+
+        if self.steps == 0:
+            return np.zeros(len(list(orders)))
+        return self.steps * uniform_choice_rdp(population=self.population, noise_multiplier=self.noise_multiplier,
+                                               orders=orders, bound=self.bound)
+
+
 def events_rdp(events: Sequence[PrivacyEvent], orders: Sequence[float]) -> np.ndarray:
     """The RDP curve at ``orders`` of ``events`` composed: Opacus's sampled Gaussian RDP for DP-SGD,
     ``count * alpha / (2 nm^2)`` for Gaussian events, each PATE event's curve, a repeat-and-select event's curve,
@@ -483,6 +560,8 @@ def events_rdp(events: Sequence[PrivacyEvent], orders: Sequence[float]) -> np.nd
                                               orders=orders))
         elif isinstance(e, GaussianEvent):
             rdp += e.count * gaussian_rdp(noise_multiplier=e.noise_multiplier, orders=orders)
+        elif isinstance(e, UniformChoiceGaussianEvent):
+            rdp += e.rdp(orders)
         elif isinstance(e, (PATEEvent, RepeatAndSelectEvent)):
             if e.spends:
                 rdp += e.rdp(orders)
@@ -550,7 +629,8 @@ class RepeatAndSelectEvent(PrivacyEvent):
 
 EVENT_KINDS: dict[str, type[PrivacyEvent]] = {
     cls.kind: cls
-    for cls in (GaussianEvent, SampledGaussianEvent, ApproxDPEvent, NonPrivateEvent, PATEEvent, RepeatAndSelectEvent)
+    for cls in (GaussianEvent, SampledGaussianEvent, ApproxDPEvent, NonPrivateEvent, PATEEvent, RepeatAndSelectEvent,
+                UniformChoiceGaussianEvent)
 }
 
 
@@ -588,11 +668,12 @@ class _Plan:
     sampled: list[SampledGaussianEvent] = field(default_factory=list)
     pate: list[PATEEvent] = field(default_factory=list)
     select: list[RepeatAndSelectEvent] = field(default_factory=list)
+    uniform: list[UniformChoiceGaussianEvent] = field(default_factory=list)
 
     @property
     def rest(self) -> str:
         """Which rule composes the non-approximate events: "none", "gdp", "single", or "rdp"."""
-        if self.pate or self.select:
+        if self.pate or self.select or self.uniform:
             return "rdp"
         if not self.gaussian and not self.sampled:
             return "none"
@@ -619,6 +700,13 @@ class PrivacyLedger:
         self._target_epsilon = _check_positive("target_epsilon", target_epsilon, allow_inf=True)
         self._delta = _check_delta("delta", delta)
         self._events: list[PrivacyEvent] = []
+        # the write-ahead journal (attach_journal): the events [0, _carried) came from an interrupted attempt's
+        # journal; _unclaimed: those of them that no restore or re-recording has taken up yet
+        self._journal: Any = None
+        self._refused: Exception | None = None  # a journal that must not be merged: raised at the first recording
+        self._carried = 0
+        self._unclaimed: set[int] = set()
+        self._reusing = False
         for event in events:
             self.add(event)
 
@@ -643,7 +731,13 @@ class PrivacyLedger:
         return len(self._events)
 
     def add(self, event: PrivacyEvent) -> int:
-        """Record a release.
+        """Record a release (journalled before it returns, when a journal is attached).
+
+        After :meth:`attach_journal` restored an interrupted attempt's events, an event that records no release yet
+        (0 steps, 0 queries, count 0) or a non-private one takes up the first such restored event of the same
+        header (mechanism and label) instead of being appended: the new releases are then charged on top of the
+        interrupted attempt's, in one event (the same charges as two events, composed more tightly). Inside
+        :meth:`reusing`, an event equal to a restored one takes that one up too.
 
         Args:
             event: One of :class:`GaussianEvent`, :class:`SampledGaussianEvent`, :class:`ApproxDPEvent`,
@@ -657,20 +751,28 @@ class PrivacyLedger:
         """
         if not isinstance(event, tuple(EVENT_KINDS.values())):
             raise ValueError(f"not a privacy event: {event!r}; kinds: {', '.join(sorted(EVENT_KINDS))}")
+        self._refuse_journal()
+        taken = self._take_up(event)
+        if taken is not None:
+            return taken
         self._events.append(event)
         logger.debug("ledger: recorded %s", event)
+        self._write_journal()
         return len(self._events) - 1
 
     def record_steps(self, event_id: int, n: int = 1) -> None:
-        """Add ``n`` optimiser steps to the DP-SGD event ``event_id``.
+        """Add ``n`` steps to the DP-SGD or uniform-choice event ``event_id`` (journalled before it returns).
 
         Raises:
-            ValueError: If ``event_id`` is not the id of a :class:`SampledGaussianEvent`, or ``n`` is invalid.
+            ValueError: If ``event_id`` is not the id of a :class:`SampledGaussianEvent` or a
+                :class:`UniformChoiceGaussianEvent`, or ``n`` is invalid.
         """
         event = self._event(event_id)
-        if not isinstance(event, SampledGaussianEvent):
-            raise ValueError(f"event {event_id} is a {event.kind!r} event, not a DP-SGD ('sampled_gaussian') one")
+        if not isinstance(event, (SampledGaussianEvent, UniformChoiceGaussianEvent)):
+            raise ValueError(f"event {event_id} is a {event.kind!r} event, not a DP-SGD ('sampled_gaussian') or "
+                             "'uniform_choice_gaussian' one")
         event.add_steps(n)
+        self._write_journal()
 
     def _event(self, event_id: int) -> PrivacyEvent:
         if isinstance(event_id, bool) or not isinstance(event_id, int) or not 0 <= event_id < len(self._events):
@@ -698,6 +800,7 @@ class PrivacyLedger:
             ValueError: If ``event_id`` is not a PATE event's id, or on invalid votes or flags.
         """
         self._pate_event(event_id).add_queries(votes, answered)
+        self._write_journal()
 
     def record_pate_smooth_release(self, event_id: int, release: PATESmoothRelease) -> None:
         """Record a smooth-sensitivity release (:func:`dpsyn.privacy.pate.pate_smooth_release`) of a PATE event.
@@ -721,6 +824,176 @@ class PrivacyLedger:
                 f"recorded {event.queries} ({event.answered} answered)"
             )
         event.smooth_release = release.to_dict()
+        self._write_journal()
+
+    # ---- write-ahead journal (dpsyn.privacy.journal) -------------------------------------------------------------
+
+    def attach_journal(self, path: str | os.PathLike[str], *, fingerprint: Any) -> int:
+        """Write this ledger to the journal ``path`` inside every recording call from now on, and start it from the
+        events an interrupted attempt of the same run journalled there (:mod:`dpsyn.privacy.journal`).
+
+        The ledger must be the run's fresh one. The journal's events are restored as they are: those releases
+        happened, whatever the checkpoints say. A checkpoint restored later (:meth:`restore`) is merged into them;
+        an event recorded again (see :meth:`add`) takes one of them up; the others stay charged.
+
+        Args:
+            path: the journal file (``run_dir / dpsyn.privacy.journal.JOURNAL_PATH``).
+            fingerprint: the run's configuration; a journal with events made under another one is refused.
+
+        A journal that must not be merged (another configuration's, unreadable) is left as it is and refused at the
+        ledger's first recording (:meth:`add`, :meth:`restore`), before anything is released: the checks a method
+        makes first (its checkpoint's calibration, a saved release's epsilon) keep their own messages.
+
+        Returns:
+            The number of events restored from the journal.
+
+        Raises:
+            ValueError: the ledger already holds events or a journal.
+        """
+        from dpsyn.privacy.journal import Journal, JournalError
+
+        if self._events or self._journal is not None:
+            raise ValueError("attach_journal takes the run's fresh ledger (no events, no journal yet)")
+        journal = Journal(path, fingerprint)
+        try:
+            found = journal.read()
+            if found is not None and found["events"] and (
+                    (_decode_float(found["target_epsilon"]), float(found["delta"])) != (self._target_epsilon,
+                                                                                         self._delta)):
+                raise JournalError(f"{journal.path} was journalled for eps={found['target_epsilon']}, "
+                                   f"delta={found['delta']}, not this run's: use a new run directory")
+        except JournalError as e:
+            self._refused = e
+            return 0
+        if found is not None and found["events"]:
+            self._events = [PrivacyEvent.from_dict(e) for e in found["events"]]
+            self._carried = len(self._events)
+            self._unclaimed = set(range(self._carried))
+            try:
+                spent = f"{self.epsilon():.4g}"
+            except ValueError:
+                spent = "n/a"
+            logger.warning("ledger: %d event(s) of an interrupted attempt restored from %s (epsilon %s): its releases "
+                           "stay charged, a checkpoint restored is merged into them", self._carried, journal.path, spent)
+        self._journal = journal
+        self._write_journal()
+        return self._carried
+
+    def detach_journal(self) -> None:
+        """Stop journalling (e.g. a DDP rank other than 0 holding a copy of the run's ledger)."""
+        self._journal = None
+
+    @property
+    def journal_path(self) -> Path | None:
+        """The attached journal's file, or None."""
+        return None if self._journal is None else self._journal.path
+
+    def _refuse_journal(self) -> None:
+        if self._refused is not None:
+            raise self._refused
+
+    def _write_journal(self) -> None:
+        if self._journal is not None:
+            self._journal.write(target_epsilon=self._target_epsilon, delta=self._delta,
+                                events=[e.to_dict() for e in self._events])
+
+    def _take_up(self, event: PrivacyEvent) -> int | None:
+        """The id of the restored, not yet taken up journal event that ``event`` records again (see :meth:`add`)."""
+        if not self._unclaimed:
+            return None
+        from dpsyn.privacy.journal import header, is_empty
+
+        new = event.to_dict()
+        continues = is_empty(new) or event.kind == NonPrivateEvent.kind
+        if not (continues or self._reusing):
+            return None
+        for i in sorted(self._unclaimed):
+            old = self._events[i].to_dict()
+            if (self._reusing and old == new) or (continues and header(old) == header(new)):
+                self._unclaimed.discard(i)
+                logger.info("ledger: event %d (%s) continues the interrupted attempt's event of the journal", i,
+                            event.label or event.kind)
+                return i
+        return None
+
+    @contextlib.contextmanager
+    def reusing(self) -> Iterator[None]:
+        """Inside: an event recorded that equals one restored from the journal is that release, recorded again (its
+        saved output reused, e.g. ``checkpoints/class_proportions.json``), not a new one: it is not charged twice.
+        Only for a caller that knows the release is reused whenever the journal holds it."""
+        before, self._reusing = self._reusing, True
+        try:
+            yield
+        finally:
+            self._reusing = before
+
+    def restore(self, saved: Sequence[Mapping[str, Any]], *, source: str = "the checkpoint") -> list[int]:
+        """Put a checkpoint's events (:meth:`PrivacyEvent.to_dict` dicts) into this ledger, the run's, so that every
+        release made before the interruption is charged once: not forgotten, not charged twice.
+
+        The ledger may hold, after the journal's events (:meth:`attach_journal`), a prefix of the saved events that
+        the resumed run charged again before restoring (e.g. the class proportions reused from
+        ``checkpoints/class_proportions.json``): they must equal the saved ones, and are that release. With a
+        journal, event ``i`` becomes the later state of the journal's and the checkpoint's (the one with more
+        charges: :func:`dpsyn.privacy.journal.merge_events`), and the journal's events after the checkpoint's stay:
+        the releases the interrupted attempt made after its checkpoint are kept; the rounds redone are charged on
+        top of them.
+
+        Returns:
+            The ids of the saved events the ledger did not hold (those after the re-charged prefix), in order.
+
+        Raises:
+            ValueError: the ledger's own events are not a prefix of the saved ones, or the journal and the
+                checkpoint are not the same run's records.
+        """
+        from dpsyn.privacy.journal import charges_beyond, merge_events
+
+        self._refuse_journal()
+        saved = [dict(e) for e in saved]
+        own = [e.to_dict() for e in self._events[self._carried:]]
+        if len(own) > len(saved) or own != saved[: len(own)]:
+            raise ValueError(f"cannot resume from {source}: the run's ledger holds {len(own)} events that are not "
+                             f"the first of the {len(saved)} saved ones")
+        if not self._carried:
+            ids = [self.add(PrivacyEvent.from_dict(e)) for e in saved[len(own):]]
+            return ids
+        journal = [e.to_dict() for e in self._events[: self._carried]]
+        merged = merge_events(journal, saved, source=source)
+        events = []
+        for i, d in enumerate(merged):  # keep the journal's own objects where they are the later state
+            events.append(self._events[i] if i < self._carried and journal[i] == d else PrivacyEvent.from_dict(d))
+        self._events = events
+        self._unclaimed = {i for i in self._unclaimed if i >= len(saved)}
+        self._carried = len(events)
+        beyond = charges_beyond(merged, saved)
+        if beyond:
+            logger.warning("ledger: the interrupted attempt released more than %s holds: %s stay charged (from the "
+                           "journal); the rounds redone are charged on top", source, "; ".join(beyond))
+        self._write_journal()
+        return list(range(len(own), len(saved)))
+
+    def absorb_journal(self) -> None:
+        """Take up the charges another process of this run wrote into the attached journal (a DDP rank holding a
+        copy of this ledger): each event becomes the later of its state here and in the file.
+
+        Raises:
+            ValueError: the file holds events that are not states of this ledger's.
+        """
+        if self._journal is None:
+            return
+        from dpsyn.privacy.journal import JournalError, merge_events
+
+        found = self._journal.read()
+        if found is None:
+            return
+        mine = [e.to_dict() for e in self._events]
+        if len(found["events"]) > len(mine):
+            raise JournalError(f"{self._journal.path} holds events this ledger does not")
+        merged = merge_events(mine, found["events"], source=str(self._journal.path))
+        for i, d in enumerate(merged):
+            if d != mine[i]:
+                self._events[i] = PrivacyEvent.from_dict(d)
+        self._write_journal()
 
     # ---- composition -------------------------------------------------------------------------------------------
 
@@ -737,6 +1010,9 @@ class PrivacyLedger:
             elif isinstance(event, SampledGaussianEvent):
                 if event.steps > 0:
                     plan.sampled.append(event)
+            elif isinstance(event, UniformChoiceGaussianEvent):
+                if event.steps > 0:
+                    plan.uniform.append(event)
             elif isinstance(event, PATEEvent):
                 if event.spends:
                     plan.pate.append(event)
@@ -799,7 +1075,7 @@ class PrivacyLedger:
             )
         # Mixed events: RDP composes additively across mechanisms at each order.
         orders = rdp_orders()
-        rdp = events_rdp([*plan.sampled, *plan.gaussian, *plan.pate, *plan.select], orders)
+        rdp = events_rdp([*plan.sampled, *plan.gaussian, *plan.pate, *plan.select, *plan.uniform], orders)
         return rdp_to_epsilon(rdp=rdp, orders=orders, delta=delta)[0]
 
     def raw_data_dependent(self) -> bool:
@@ -828,12 +1104,16 @@ class PrivacyLedger:
             e = plan.sampled[0]
             orders = f", {rdp_orders_description()}" if e.accountant == "rdp" else ""
             desc = f"{e.accountant} (opacus {ver}{orders}), {e.sampling} sampling"
-        elif not plan.pate and not plan.select:
+        elif not plan.pate and not plan.select and not plan.uniform:
             samplings = sorted({e.sampling for e in plan.sampled})
             desc = (
                 f"rdp (opacus {ver}, {rdp_orders_description()}) composition of mixed events, "
                 f"{'/'.join(samplings)} sampling"
             )
+        elif not plan.pate and not plan.select and not plan.sampled and not plan.gaussian:
+            bounds = sorted({e.bound.replace("_", "-") for e in plan.uniform})
+            desc = (f"rdp (opacus {ver}, {rdp_orders_description()}) of {len(plan.uniform)} uniform-choice gaussian "
+                    f"event(s) ({'/'.join(bounds)} bound), uniform one-of-k sampling")
         else:
             parts = []
             for bound in PATE_BOUNDS:
@@ -855,6 +1135,10 @@ class PrivacyLedger:
                     inner = ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
                     parts.append(f"repeat-and-select (Papernot & Steinke 2022, {dist} trials) of a trial's RDP "
                                  f"({inner} event(s))")
+            if plan.uniform:
+                bounds = sorted({e.bound.replace("_", "-") for e in plan.uniform})
+                parts.append(f"{len(plan.uniform)} uniform-choice gaussian event(s) ({'/'.join(bounds)} bound, "
+                             "uniform one-of-k sampling)")
             if plan.sampled:
                 samplings = sorted({e.sampling for e in plan.sampled})
                 parts.append(f"{len(plan.sampled)} dp-sgd event(s) ({'/'.join(samplings)} sampling)")
@@ -904,6 +1188,10 @@ class PrivacyLedger:
         multiple of ``alpha`` (Gaussian mechanisms), so the order that allows the most queries maximises
         ``B(alpha)/alpha``; it depends on the budget and the events before, not on the data.
 
+        A filter of the same noise that an interrupted attempt started (restored from the journal,
+        :meth:`attach_journal`, and not taken up yet) is continued: its order and budget are returned, so that the
+        event recorded with them takes it up (:meth:`add`) and the queries of both attempts stay within one budget.
+
         Returns:
             ``(order, budget)``.
 
@@ -914,6 +1202,10 @@ class PrivacyLedger:
         plan = self._plan()
         if plan.non_private or not math.isfinite(self._target_epsilon):
             raise ValueError("a Renyi filter needs a private ledger with a finite target epsilon")
+        for i in sorted(self._unclaimed):
+            e = self._events[i]
+            if isinstance(e, PATEEvent) and e.bound == "renyi_filter" and (e.sigma_threshold, e.sigma) == (s1, s2):
+                return float(e.filter_order), float(e.filter_budget)
         eps_left = self._target_epsilon - math.fsum(e.epsilon for e in plan.approx)
         delta_left = self._delta - math.fsum(e.delta for e in plan.approx)
         orders = np.asarray(rdp_orders(), dtype=np.float64)
@@ -977,14 +1269,16 @@ class PrivacyLedger:
     def to_dict(self) -> dict[str, Any]:
         """The ledger as a JSON-serialisable dict (``inf`` written as ``"inf"``).
 
-        Keys: format, version, target_epsilon, delta, events, epsilon_spent, accountant, opacus_version (and
-        epsilon_error when the events cannot be composed at the ledger's delta).
+        Keys: format, version, target_epsilon, delta, adjacency, events (each with its sampling scheme and how its
+        analysis meets the relation), epsilon_spent, accountant, opacus_version (and epsilon_error when the events
+        cannot be composed at the ledger's delta).
         """
         out: dict[str, Any] = {
             "format": LEDGER_FORMAT,
             "version": LEDGER_VERSION,
             "target_epsilon": _encode_float(self._target_epsilon),
             "delta": self._delta,
+            "adjacency": ADJACENCY_TEXT,
             "events": [e.to_dict() for e in self._events],
         }
         try:
@@ -1057,4 +1351,6 @@ __all__ = [
     "PrivacyEvent",
     "PrivacyLedger",
     "SampledGaussianEvent",
+    "UniformChoiceGaussianEvent",
+    "ADJACENCY",
 ]

@@ -66,29 +66,29 @@ class Checkpoint:
         return PrivacyLedger.from_dict(self.ledger)
 
     def restore_ledger(self, ledger: Any) -> list[int]:
-        """Put the saved events into ``ledger``, the run's (fresh) ledger, so that every release made before the
-        interruption is charged once: not forgotten, not charged twice.
+        """Put the saved events into ``ledger``, the run's, so that every release made before the interruption is
+        charged once: not forgotten, not charged twice (:meth:`~dpsyn.privacy.PrivacyLedger.restore`).
 
         ``ledger`` may already hold a prefix of the saved events, those the resumed run charged again before
         restoring (e.g. the class proportions reused from ``checkpoints/class_proportions.json``): they must equal
         the saved ones, and only the rest is added.
 
+        A run's ledger (:mod:`dpsyn.cli.train`) starts from its write-ahead journal
+        (:meth:`~dpsyn.privacy.PrivacyLedger.attach_journal`), which holds every charge of the interrupted attempt,
+        those made after this checkpoint too: each event restored is the later of its journal and checkpoint states
+        (the one with more charges), and the journal's events after the checkpoint's stay. The rounds the resumed
+        run redoes from :attr:`step` are charged on top: both their first and their second releases happened.
+
         Returns:
-            the ids (indices in ``ledger``) of the events added, in order.
+            the ids (indices in ``ledger``) of the saved events after the re-charged prefix, in order.
 
         Raises:
-            ValueError: the checkpoint holds no ledger, or ``ledger`` holds events that are not a prefix of it.
+            ValueError: the checkpoint holds no ledger, ``ledger`` holds events that are not a prefix of it, or the
+                journal holds another run's records.
         """
-        from dpsyn.privacy import PrivacyEvent
-
         if self.ledger is None:
             raise ValueError(f"{self.path} holds no ledger")
-        saved = list(self.ledger.get("events", []))
-        have = [e.to_dict() for e in ledger.events]
-        if len(have) > len(saved) or have != saved[: len(have)]:
-            raise ValueError(f"cannot resume from {self.path}: the run's ledger holds {len(have)} events that are not "
-                             f"the first of the {len(saved)} saved ones")
-        return [ledger.add(PrivacyEvent.from_dict(e)) for e in saved[len(have):]]
+        return ledger.restore(list(self.ledger.get("events", [])), source=str(self.path))
 
 
 class Checkpointer:

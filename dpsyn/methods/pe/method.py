@@ -22,7 +22,10 @@ counts, with the same sigma, calibrated into the T + 1 releases).
 Checkpoints (``checkpoint: true``): after every histogram (the noisy histogram and the ledger) and after every
 iteration (the population and the ledger), atomically, in ``<run_dir>/checkpoints/pe.pt``. A resumed run restores
 the ledger from the checkpoint and reuses a saved histogram instead of computing a new one, so no privacy is spent
-twice or forgotten; a checkpoint made under another calibration or schedule is refused.
+twice or forgotten; a checkpoint made under another calibration or schedule is refused. Each histogram is charged
+before it is computed (the run's journal holds it, :meth:`dpsyn.privacy.PrivacyLedger.attach_journal`); a histogram
+of a killed attempt that its last checkpoint missed stays charged, and since sigma is calibrated for T releases the
+loop stops when the charged releases reach them (fewer iterations after such a crash, epsilon within the target).
 
 Monitoring: with ``monitor: true`` each population's FD and precision/recall against the evaluation split
 (:func:`dpsyn.metrics.make_monitor`) are logged (W&B, the progress line, result.json's provenance). They are never
@@ -220,8 +223,8 @@ class PE(Method):
         saved = self._checkpointer().load()  # another calibration, schedule, population, backend or seed: refused
         if saved is None:
             return None
-        if len(ledger):
-            raise ValueError("pe: cannot resume into a ledger that already holds events")
+        # (refuses a ledger holding events of this attempt; merges the run's journal: the releases an interrupted
+        # attempt made after this checkpoint stay charged)
         saved.restore_ledger(ledger)
         state = saved.state
         self.history = list(state.get("history", []))
@@ -306,6 +309,16 @@ class PE(Method):
                 thresholded, note_hist = np.asarray(saved_hist["thresholded"]), "reused from checkpoint"
                 saved_hist = None
             else:
+                charged = self._releases_charged(ledger)
+                if sigma > 0 and charged >= releases:
+                    # sigma was calibrated for `releases`: a killed attempt's releases after its last checkpoint
+                    # (kept from the journal) take the place of the last iterations
+                    made = t + int(self.conditional and self.class_proportions == "dp")
+                    log.warning("pe: %d of the %d planned releases are charged, %d of them by an interrupted attempt "
+                                "after its last checkpoint (kept from the run's journal): stopping after iteration "
+                                "%d of %d (fewer iterations, epsilon within the target)", charged, releases,
+                                charged - made, t, self.T)
+                    break
                 syn_emb = self._lookahead_embedding(pop, degree, embed, t)
                 ledger.add(event(f"histogram {t + 1}/{self.T}"))
                 hist = dp_nn_histogram(
@@ -335,6 +348,12 @@ class PE(Method):
         bar.close()
         self.final = pop
         self.fit_seconds = time.perf_counter() - t_start
+
+    def _releases_charged(self, ledger: PrivacyLedger) -> int:
+        """The sensitivity-1 Gaussian releases at this run's sigma the ledger charges (those of interrupted attempts
+        included): the loop stops when they reach :func:`pe_releases`, what sigma was calibrated for."""
+        return sum(e.count for e in ledger.events if isinstance(e, GaussianEvent)
+                   and e.noise_multiplier == self.sigma)
 
     def _class_sizes(self, private: Split, ledger: PrivacyLedger, event: Any,
                      noise_rng: np.random.Generator | None) -> dict[int, int] | None:
