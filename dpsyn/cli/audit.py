@@ -23,7 +23,11 @@ are run on a batch of independent queries.
 The sampling (Poisson inclusion) is not part of the audited releases, which are audited at sampling rate 1 (no
 amplification claimed); its distribution is tested separately (tests/test_audit.py). One row is subsampled on
 purpose: ``gs_wgan_iteration``, where b releases share one draw of a critic, so that charging them as b separate
-draws (the GS-WGAN authors' analysis) shows up as a lower bound above the claim.
+draws (the GS-WGAN authors' analysis) shows up as a lower bound above the claim. One row runs several iterations:
+``gs_wgan_hidden_state``, GS-WGAN over 10 iterations of 3 critics that keep state (the method's draw, schedule and
+sanitizer; score: the exact likelihood ratio of a trial's releases), charged as the ledger charges the iterations;
+under the authors' schedule and critics whose state reveals the draws (the review's toy) the same machinery exceeds
+even the tightest per-step charge (tests/test_audit.py).
 
 Output: a table on the console and ``audit.json`` in the run directory (``outputs/audit/<time>``), one row per
 mechanism: ``mechanism``, ``eps_claimed``, ``delta``, ``eps_lower``, ``trials`` and how the bound was obtained.
@@ -472,6 +476,118 @@ def _gs_wgan_iteration(eps: float, delta: float, trials: int, noise: NoiseSource
                                                   "critics": K, "batch_size": b})
 
 
+HIDDEN_CRITICS, HIDDEN_ITERATIONS = 3, 10  # the gs_wgan_hidden_state row: 3 critics, 10 iterations of one release
+
+
+def _hidden_means(j: np.ndarray, state: np.ndarray, side: int, dynamics: str) -> np.ndarray:
+    """The toy critics' outputs (in units of C, before the clip) when critic ``j`` is drawn, given its ``state``.
+
+    Critic 0 holds the canary: +3C on D1, -3C on D0 (clipped to +-C). The others keep state:
+
+    * ``own`` (what GS-WGAN's critics can do): a critic's output depends on its own training history, -3C if it
+      trained at the previous iteration, else +3C; ``state`` is the critic trained then (-1: none).
+    * ``changed`` (the review's toy, not a GS-WGAN critic: an unchanged critic cannot see another's training): the
+      unchanged critics give +3C if critic 0 trained at the previous iteration, else -3C; ``state`` is 1 or 0.
+    """
+    canary = 3.0 if side == 1 else -3.0
+    if dynamics == "own":
+        other = np.where(state == j, -3.0, 3.0)
+    else:
+        other = np.where(state == 1, 3.0, -3.0)
+    return np.where(j == 0, canary, other)
+
+
+def hidden_state_releases(*, critics: int, iterations: int, sigma: float, schedule: str, dynamics: str, side: int,
+                          trials: int, generator: Any) -> np.ndarray:
+    """(trials, iterations) sanitised releases of a toy GS-WGAN whose critics keep state: each iteration draws a
+    critic (:func:`dpsyn.methods.gs_wgan.draw_critics`), the critic :func:`~dpsyn.methods.gs_wgan.trained_critic`
+    names trains (its state moves), and the drawn critic's gradient is sanitised (:func:`~dpsyn.methods.gs_wgan
+    .sanitize`, clip C = 1, b = 1) — the method's own functions."""
+    import torch
+
+    from dpsyn.methods import gs_wgan
+
+    drawn = gs_wgan.draw_critics(critics, trials * iterations, generator).view(trials, iterations).numpy()
+    trained_before = np.full(trials, -1)  # the critic trained at the previous iteration
+    means = np.empty((trials, iterations))
+    for t in range(iterations):
+        j = drawn[:, t]
+        state = trained_before if dynamics == "own" else (trained_before == 0).astype(int)
+        means[:, t] = _hidden_means(j, state, side, dynamics)
+        trained = gs_wgan.trained_critic(t, critics, torch.from_numpy(j), schedule)
+        trained_before = np.asarray(trained.numpy() if isinstance(trained, torch.Tensor) else
+                                    np.full(trials, trained))
+    grad = torch.from_numpy(means.reshape(-1, 1)).float()
+    out = gs_wgan.sanitize(grad, clip=1.0, sigma=sigma, generator=generator)
+    return out.view(trials, iterations).double().numpy()
+
+
+def hidden_state_log_likelihood(y: np.ndarray, *, critics: int, sigma: float, schedule: str, dynamics: str,
+                                side: int) -> np.ndarray:
+    """log p(y | D_side) of each trial's releases under the toy (:func:`hidden_state_releases`), by a forward pass
+    over the hidden state (the critic trained at the previous iteration): the optimal statistic's ingredient."""
+    from scipy.special import logsumexp
+    from scipy.stats import norm
+
+    trials, iterations = y.shape
+    lk = -math.log(critics)
+    if dynamics == "changed" and schedule == "drawn":
+        # only "was critic 0 trained before" matters: a two-state forward (index 1: it was)
+        canary = 1.0 if side == 1 else -1.0
+        l0 = norm.logpdf(y, loc=canary, scale=sigma)
+        lp, lm = norm.logpdf(y, loc=1.0, scale=sigma), norm.logpdf(y, loc=-1.0, scale=sigma)
+        la = np.stack([np.zeros(trials), np.full(trials, -np.inf)], axis=1)
+        rest = math.log1p(-1.0 / critics)
+        for t in range(iterations):
+            drawn0 = logsumexp(la, axis=1) + lk + l0[:, t]
+            other = np.logaddexp(la[:, 1] + lp[:, t], la[:, 0] + lm[:, t]) + rest
+            la = np.stack([other, drawn0], axis=1)
+        return logsumexp(la, axis=1)
+    # forward variable: log P(state after iteration t, y_<=t) over the K + 1 values of "trained before" (-1 = none)
+    values = np.arange(-1, critics)
+    la = np.where(values == -1, 0.0, -np.inf)[None, :].repeat(trials, 0)
+    for t in range(iterations):
+        new = np.full((trials, len(values)), -np.inf)
+        for jj in range(critics):
+            for vi, v in enumerate(values):
+                if not np.isfinite(la[:, vi]).any():
+                    continue
+                state = np.full(trials, v) if dynamics == "own" else np.full(trials, int(v == 0))
+                mean = np.clip(_hidden_means(np.full(trials, jj), state, side, dynamics), -1.0, 1.0)
+                term = la[:, vi] + lk + norm.logpdf(y[:, t], loc=mean, scale=sigma)
+                nxt = int(jj) if schedule == "drawn" else t % critics
+                ni = nxt + 1
+                new[:, ni] = np.logaddexp(new[:, ni], term)
+        la = new
+    return logsumexp(la, axis=1)
+
+
+def _gs_wgan_hidden_state(eps: float, delta: float, trials: int, noise: NoiseSource, *, schedule: str | None = None,
+                          dynamics: str = "own") -> Scores:
+    """GS-WGAN over several iterations with critics that keep state (:func:`hidden_state_releases`), charged as the
+    ledger charges ``HIDDEN_ITERATIONS`` iterations (:func:`dpsyn.methods.gs_wgan.privacy_event` with the sigma of
+    :func:`~dpsyn.methods.gs_wgan.gs_wgan_sigma`, the default bound). Score: the exact log-likelihood ratio of a
+    trial's releases (:func:`hidden_state_log_likelihood`), the most powerful test. ``schedule``: the method's
+    (``round_robin``; None) or the authors' ``drawn`` (a test double: the critics then depend on the secret draws);
+    ``dynamics``: see :func:`_hidden_means`."""
+    from dpsyn.methods import gs_wgan
+
+    K, T = HIDDEN_CRITICS, HIDDEN_ITERATIONS
+    schedule = schedule or "round_robin"
+    sigma = gs_wgan.gs_wgan_sigma(epsilon=eps, delta=delta, critics=K, iterations=T, batch_size=1)
+    claimed = _claimed(gs_wgan.privacy_event(sigma=sigma, critics=K, batch_size=1, iterations=T, bound="convexity",
+                                             label="audit: gs_wgan iterations with stateful critics"), delta=delta)
+    gen = noise.torch()
+    scores = []
+    for side in (0, 1):
+        y = hidden_state_releases(critics=K, iterations=T, sigma=sigma, schedule=schedule, dynamics=dynamics,
+                                  side=side, trials=trials, generator=gen)
+        kw = dict(critics=K, sigma=sigma, schedule=schedule, dynamics=dynamics)
+        scores.append(hidden_state_log_likelihood(y, side=1, **kw) - hidden_state_log_likelihood(y, side=0, **kw))
+    return Scores(scores[0], scores[1], claimed, {"sigma": sigma, "critics": K, "iterations": T,
+                                                  "schedule": schedule, "dynamics": dynamics})
+
+
 def _laplace(eps: float, delta: float, trials: int, noise: NoiseSource) -> Scores:
     """The class-ratio release (:func:`dpsyn.privacy.dp_class_counts`, what ``Method.release_class_proportions``
     draws), charged as ``ApproxDPEvent(eps, 0)``: one canary row in half of the classes."""
@@ -522,6 +638,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               _gs_wgan_band),
     Mechanism("gs_wgan_iteration", "GS-WGAN iteration: b sanitised gradients through one critic drawn of K",
               _gs_wgan_iteration),
+    Mechanism("gs_wgan_hidden_state", "GS-WGAN over 10 iterations, 3 critics that keep state, the method's schedule",
+              _gs_wgan_hidden_state),
     Mechanism("laplace_class_counts", "Laplace class-ratio release (g_pate, pate_gan, dp_gan on tables)",
               _laplace),
     Mechanism("private_tuning_score", "private tuning's DP score (noised count of correct validation rows)",

@@ -179,14 +179,15 @@ def draw_critics(critics: int, n: int, generator: torch.Generator) -> torch.Tens
     return torch.randint(critics, (n,), generator=generator)
 
 
-def trained_critic(iteration: int, critics: int, drawn: int, schedule: str) -> int:
+def trained_critic(iteration: int, critics: int, drawn: Any, schedule: str) -> Any:
     """The critic that trains (and keeps its update) at ``iteration``: ``iteration mod K`` under the public
     ``round_robin`` schedule, whatever was drawn; the critic ``drawn`` under the authors' ``drawn`` loop (then every
-    critic's state depends on the secret draws: eps=inf only). The audit row ``gs_wgan_hidden_state`` runs it."""
+    critic's state depends on the secret draws: eps=inf only). ``drawn`` may be an int or a tensor of draws (the audit
+    row ``gs_wgan_hidden_state`` runs it on many trials at once)."""
     if schedule == "round_robin":
         return iteration % critics
     if schedule == "drawn":
-        return int(drawn)
+        return drawn
     raise ValueError(f"unknown critic schedule {schedule!r}; allowed: {', '.join(CRITIC_SCHEDULES)}")
 
 
