@@ -153,3 +153,51 @@ def test_runs_go_to_the_paper_whose_table_names_their_experiment() -> None:
     for path in EXPERIMENTS.glob("*/results.csv"):  # and the kept files agree
         assert {r["experiment"] for r in export.read_rows(path)} <= {e for e, p in papers.items()
                                                                        if p == path.parent.name}, path
+
+
+def _single_run(tmp_path: Path, name: str, overrides: list[str]) -> dict:
+    """A finished single run's record and config.yaml, as train.py writes them (without training)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from dpsyn.paths import CONF_DIR
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()
+    run = tmp_path / name
+    run.mkdir()
+    kept = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+            for k in export.CELL_SECTIONS}
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(kept)))
+    coords = dict(o.split("=", 1) for o in overrides if o.split("=", 1)[0] in ("method", "dataset", "eps", "seed"))
+    return {"experiment": None, "profile": None, "method": coords["method"], "dataset": coords["dataset"],
+            "eps": float(coords["eps"]), "seed": int(coords["seed"]), "overrides": overrides, "run_dir": str(run),
+            "metrics": {"acc": 0.5}}
+
+
+def test_single_runs_are_kept_as_cells_only_when_their_config_is_the_cell(tmp_path: Path) -> None:
+    cell = ["method=g_pate", "dataset=fmnist", "eps=1", "seed=0"]
+    same = _single_run(tmp_path, "same", [*cell, "metrics.names.image=[fd,acc,prdc]"])
+    (rec,) = export.label_as_cells([same], "long2021_table1", "embedded")
+    assert (rec["experiment"], rec["profile"]) == ("long2021_table1", "embedded")
+    assert export.overrides_hash(rec["overrides"]) == "base"  # the plain cell, not a variant
+    # a setting the cell does not have, hidden from the overrides (as a changed default would be)
+    other = _single_run(tmp_path, "other", [*cell, "method.lr_g=0.1"])
+    other["overrides"] = cell
+    with pytest.raises(ValueError, match=r"differs in method\.lr_g"):
+        export.label_as_cells([other], "long2021_table1", "embedded")
+    # fewer metrics than the cell's: refused (a table would miss them)
+    fewer = _single_run(tmp_path, "fewer", [*cell, "metrics.names.image=[fd]"])
+    with pytest.raises(ValueError, match="metrics.names.image"):
+        export.label_as_cells([fewer], "long2021_table1", "embedded")
+    # a variant keeps its override, so it stays a variant of the cell
+    variant = _single_run(tmp_path, "variant", [*cell, "method.lr_g=0.1"])
+    (rec,) = export.label_as_cells([variant], "long2021_table1", "embedded")
+    assert export.overrides_hash(rec["overrides"]) != "base"
+    with pytest.raises(ValueError, match="already a cell"):
+        export.label_as_cells([{**same, "experiment": "x"}], "long2021_table1", "embedded")

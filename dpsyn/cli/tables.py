@@ -397,6 +397,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=Path, default=None, help="folder of the runs (default: $DPSYN_OUTPUT_DIR or "
                    "outputs, /experiments)")
     p.add_argument("--to", type=Path, default=EXPERIMENTS_DIR)
+    p.add_argument("--as", dest="as_cells", metavar="EXPERIMENT:PROFILE", default=None,
+                   help="keep single runs (train.py without experiment=) as the cells of EXPERIMENT's PROFILE they "
+                   "reproduce; each run's config.yaml is checked against the cell's, and any difference refuses it")
     p = sub.add_parser("claims", help="evaluate experiments/*/claims.yaml over seeds")
     p.add_argument("--from", dest="source", type=Path, default=None,
                    help="evaluate from the results kept in the repo (experiments/) instead of the runs")
@@ -422,6 +425,12 @@ def main(argv: list[str] | None = None) -> None:
         results = tables.scan_results(root) if root.is_dir() else []
         if not results:
             raise SystemExit(f"no finished runs (result.json) under {root}")
+        if args.as_cells:
+            experiment, _, profile = args.as_cells.partition(":")
+            try:
+                results = export.label_as_cells(results, experiment, profile or "embedded")
+            except ValueError as e:
+                raise SystemExit(f"--as {args.as_cells}: {e}") from None
         for path, n in export.export(results, args.to).items():
             print(f"{path}: {n} runs written ({len(export.read_rows(path))} rows in all)")
         return

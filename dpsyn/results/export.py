@@ -227,3 +227,71 @@ def load_records(experiments_dir: Path) -> list[dict[str, Any]]:
                 }
             rec["metrics"][row["metric"]] = _value(row["value"])
     return list(records.values())
+
+
+# The config sections a single run must share with an experiment's cell to be kept as that cell: everything that
+# decides what the run computes. ``metrics.names`` may name more metrics than the cell (a score more changes no other
+# score: each metric draws from its own generator), never fewer; logger, paths and the run labels are plumbing.
+CELL_SECTIONS = ("eps", "seed", "tuning", "method", "public", "dataset", "privacy", "trainer", "metrics")
+
+
+def _cell_mismatch(run_cfg: dict[str, Any], cell_cfg: dict[str, Any]) -> list[str]:
+    """The dotted keys where a run's config departs from its cell's (empty: the run is the cell)."""
+    def walk(a: Any, b: Any, where: str) -> list[str]:
+        if where == "metrics.names":
+            if not isinstance(a, dict) or not isinstance(b, dict):
+                return [] if a == b else [where]
+            return [f"{where}.{k} (lacks {sorted(set(v) - set(a.get(k) or []))})" for k, v in b.items()
+                    if not set(v or []) <= set(a.get(k) or [])]
+        if isinstance(a, dict) and isinstance(b, dict):
+            return [x for k in sorted(set(a) | set(b)) for x in walk(a.get(k), b.get(k), f"{where}.{k}" if where else k)]
+        return [] if a == b else [where]
+
+    return [x for s in CELL_SECTIONS for x in walk(run_cfg.get(s), cell_cfg.get(s), s)]
+
+
+def label_as_cells(results: Iterable[dict[str, Any]], experiment: str, profile: str,
+                   conf_dir: Path | None = None) -> list[dict[str, Any]]:
+    """Single runs (``python train.py method=... dataset=... eps=... seed=...``, no ``experiment=``) labelled as the
+    cells of ``experiment``'s ``profile`` they reproduce, so that tables and claims read them.
+
+    Each run's saved ``config.yaml`` is compared with the config Hydra composes for that cell (the experiment, the
+    run's method, dataset, eps and seed, and the run's own variant overrides): any difference in
+    :data:`CELL_SECTIONS` refuses the run, naming the keys. Runs that already belong to an experiment are refused too.
+
+    Raises:
+        ValueError: a run without its config.yaml, already labelled, or different from the cell.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from dpsyn.paths import CONF_DIR
+
+    conf_dir = conf_dir or CONF_DIR
+    exp_cfg = experiment if profile == "embedded" else f"{experiment}_{profile}"
+    out = []
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            for rec in results:
+                run_dir = Path(str(rec.get("run_dir", "")))
+                if rec.get("experiment"):
+                    raise ValueError(f"{run_dir}: already a cell of {rec['experiment']} ({rec.get('profile')})")
+                if not (run_dir / "config.yaml").is_file():
+                    raise ValueError(f"{run_dir}: no config.yaml, so it cannot be checked against a cell")
+                run_cfg = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=False)
+                own = [o for o in kept_overrides(rec.get("overrides") or []) if not o.startswith("metrics.names")]
+                coords = [f"{k}={rec[k]}" for k in ("method", "dataset", "eps", "seed")]
+                cell = compose("train", overrides=[f"experiment={exp_cfg}", *coords, *own])
+                cell_cfg = {k: OmegaConf.to_container(cell[k], resolve=True) if OmegaConf.is_config(cell[k]) else cell[k]
+                            for k in CELL_SECTIONS if k in cell}
+                bad = _cell_mismatch(run_cfg, cell_cfg)
+                if bad:
+                    raise ValueError(f"{run_dir}: not the {exp_cfg} cell {' '.join(coords + own)}: differs in "
+                                     + ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else ""))
+                out.append({**rec, "experiment": str(cell.experiment_name), "profile": str(cell.profile),
+                            "overrides": [*coords, *own]})
+    finally:
+        GlobalHydra.instance().clear()
+    return out
