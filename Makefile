@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 PROFILE ?= embedded
 
-.PHONY: install data test test-full bench gpu-check gpu-check-wheels reproduce-tables clean
+.PHONY: install data test test-full bench gpu-check gpu-check-wheels reproduce-tables docs docs-look clean
 
 install: $(BIN)/python data
 	# torch and torchvision pinned together: other pairs fail to import together (see README)
@@ -70,6 +70,15 @@ else
 	$(BIN)/python -m dpsyn.cli.tables reproduce --profile $(PROFILE) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(ONLY),--only $(ONLY)); \
 	rc=$$?; $(BIN)/python -m dpsyn.cli.tables export && $(BIN)/python -m dpsyn.cli.tables claims; exit $$rc
 endif
+
+# The generated tables of README.md and docs/ (methods, papers, claims, results, config, datasets), rebuilt from the
+# registry, the schemas and experiments/*/results.csv; tests/test_docs.py fails when one is stale.
+docs:
+	$(BIN)/python -m dpsyn.cli.tables readme
+
+# README and docs rendered to HTML (pandoc) and photographed in headless Chromium: outputs/docs-look/*.png
+docs-look:
+	bash tools/docs-look.sh
 
 clean:
 	rm -rf outputs .pytest_cache

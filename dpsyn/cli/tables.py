@@ -8,7 +8,8 @@ in the repo (``experiments/<paper>/results.csv``), without any run.
 ``export``: write the finished runs' metrics into ``experiments/<paper>/results.csv`` (a re-run cell replaces its rows).
 ``claims``: evaluate ``experiments/<paper>/claims.yaml`` over seeds (from the runs or ``--from experiments/``), print
 one verdict per claim with its interval, write ``claims.{md,json}``.
-``readme``: rewrite the README's generated blocks (``<!-- dpsyn:... -->``) from ``--from experiments/``.
+``readme``: rewrite the generated blocks (``<!-- dpsyn:... -->``) of README.md and docs/ from ``--from experiments/``, the
+registry and the schemas (:mod:`dpsyn.results.docs`).
 ``reproduce --dry-run``: list the cells, how many are finished and the time the rest will take, and run nothing.
 """
 
@@ -352,25 +353,42 @@ README_BLOCK = re.compile(r"(<!-- dpsyn:(?P<what>[^>]*?) -->\n)(?P<body>.*?)(<!-
 
 
 def readme_blocks(text: str, records: list[dict[str, Any]]) -> str:
-    """``text`` with every generated block rebuilt: ``<!-- dpsyn:claims -->`` (the claims table) or
-    ``<!-- dpsyn:table <paper>/<spec> <profile> <metric> -->`` (one metric's table), each closed by
-    ``<!-- dpsyn:end -->``."""
+    """``text`` with every generated block rebuilt, each opened by ``<!-- dpsyn:<what> -->`` and closed by
+    ``<!-- dpsyn:end -->``: ``claims [<paper>]``, ``table <paper>/<spec> <profile> <metric>`` (one metric's table),
+    and the blocks of :mod:`dpsyn.results.docs` (``methods``, ``papers``, ``guarantees``, ``datasets``, ``config``,
+    ``measured <paper>``)."""
+    from dpsyn.results import docs
+
     verdicts: list[Any] | None = None
 
-    def build(m: re.Match) -> str:
+    def claims() -> list[Any]:
         nonlocal verdicts
-        what = m.group("what").split()
-        if what == ["claims"]:
-            if verdicts is None:
-                from dpsyn.results.claims import render_markdown
+        if verdicts is None:
+            verdicts = evaluate_claims(records)
+        return verdicts
 
-                verdicts = evaluate_claims(records)
-            body = render_markdown(verdicts)
+    def build(m: re.Match) -> str:
+        what = m.group("what").split()
+        if what and what[0] == "claims" and len(what) <= 2:
+            body = docs.claims_block(claims(), what[1] if len(what) == 2 else None)
         elif len(what) == 4 and what[0] == "table":
             body = metric_table(what[1], what[2], what[3], records)
+        elif what == ["methods"]:
+            body = docs.methods_block(records)
+        elif what == ["papers"]:
+            body = docs.papers_block(claims())
+        elif what == ["guarantees"]:
+            body = docs.guarantees_block()
+        elif what == ["datasets"]:
+            body = docs.datasets_block()
+        elif what == ["config"]:
+            body = docs.config_block()
+        elif len(what) == 2 and what[0] == "measured":
+            body = docs.measured_block(what[1], records)
         else:
-            raise ValueError(f"README block <!-- dpsyn:{m.group('what')} -->: unknown; use 'claims' or "
-                             "'table <paper>/<spec> <profile> <metric>'")
+            raise ValueError(f"generated block <!-- dpsyn:{m.group('what')} -->: unknown; use 'claims [<paper>]', "
+                             "'table <paper>/<spec> <profile> <metric>', 'measured <paper>', 'methods', 'papers', "
+                             "'guarantees', 'datasets' or 'config'")
         return m.group(1) + body + m.group(4)
 
     return README_BLOCK.sub(build, text)
@@ -404,9 +422,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--from", dest="source", type=Path, default=None,
                    help="evaluate from the results kept in the repo (experiments/) instead of the runs")
     p.add_argument("--out", type=Path, default=Path("outputs/tables"))
-    p = sub.add_parser("readme", help="rewrite the README's generated blocks from the results kept in the repo")
+    p = sub.add_parser("readme", help="rewrite the generated blocks of README.md and docs/ from the results kept in "
+                       "the repo, the registry and the schemas")
     p.add_argument("--from", dest="source", type=Path, default=EXPERIMENTS_DIR)
-    p.add_argument("--readme", type=Path, default=REPO_DIR / "README.md")
+    p.add_argument("--readme", type=Path, default=None, help="one file only (default: README.md and docs/**/*.md)")
     p.add_argument("--check", action="store_true", help="exit 1 if the README differs from what would be written")
     args = ap.parse_args(argv)
     if args.cmd == "reproduce":
@@ -444,19 +463,29 @@ def main(argv: list[str] | None = None) -> None:
             print(f"wrote {path}")
         return
     if args.cmd == "readme":
-        text = args.readme.read_text()
-        new = readme_blocks(text, load_kept(args.source))
-        if args.check:
-            if new != text:
-                print(f"{args.readme}: generated blocks differ from what {args.source} builds; run "
-                      "`python -m dpsyn.cli.tables readme`")
-                sys.exit(1)
-            print(f"{args.readme}: generated blocks match {args.source}")
-            return
+        from dpsyn.results.docs import doc_files
         from dpsyn.results.io import atomic_write_text
 
-        atomic_write_text(args.readme, new)
-        print(f"rewrote {len(README_BLOCK.findall(text))} generated blocks in {args.readme}")
+        records = load_kept(args.source)
+        stale = []
+        for path in ([args.readme] if args.readme else doc_files()):
+            text = path.read_text()
+            new = readme_blocks(text, records)
+            if new == text:
+                continue
+            stale.append(path)
+            if not args.check:
+                atomic_write_text(path, new)
+                print(f"rewrote the {len(README_BLOCK.findall(text))} generated blocks of {path}")
+        if args.check:
+            for path in stale:
+                print(f"{path}: generated blocks differ from what {args.source} builds; run "
+                      "`python -m dpsyn.cli.tables readme`")
+            if stale:
+                sys.exit(1)
+            print(f"generated blocks match {args.source}")
+        elif not stale:
+            print("every generated block is up to date")
         return
     records = load_kept(args.source) if args.source is not None else None
     for spec_path in specs(args.only):

@@ -1,0 +1,86 @@
+"""The README and docs/ as a reader gets them: generated blocks fresh, every method and dataset listed, no dated
+notebook text, every linked file present."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from dpsyn.cli import tables as cli_tables
+from dpsyn.paths import REPO_DIR
+from dpsyn.results import docs, export
+
+EXPERIMENTS = REPO_DIR / "experiments"
+README = REPO_DIR / "README.md"
+DATE = re.compile(r"20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]")
+LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_readme_fits_on_a_few_screens() -> None:
+    assert len(README.read_text().splitlines()) <= 200
+
+
+@pytest.mark.parametrize("path", docs.doc_files(), ids=lambda p: str(p.relative_to(REPO_DIR)))
+def test_generated_blocks_are_fresh(path: Path) -> None:
+    text = path.read_text()
+    rebuilt = cli_tables.readme_blocks(text, export.load_records(EXPERIMENTS))
+    assert rebuilt == text, f"{path.name}: generated blocks are stale: run `python -m dpsyn.cli.tables readme`"
+
+
+@pytest.mark.parametrize("path", docs.doc_files(), ids=lambda p: str(p.relative_to(REPO_DIR)))
+def test_docs_state_what_holds_without_dates(path: Path) -> None:
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        assert not DATE.search(line), f"{path.name}:{i}: a date (research logs go to experiments/<paper>/LOG.md)"
+        assert "since the" not in line.lower(), f"{path.name}:{i}: 'since the' (state what holds now)"
+
+
+@pytest.mark.parametrize("path", [*docs.doc_files(), *sorted(EXPERIMENTS.glob("*/LOG.md"))],
+                         ids=lambda p: str(p.relative_to(REPO_DIR)))
+def test_every_linked_file_exists(path: Path) -> None:
+    for m in LINK.finditer(path.read_text()):
+        target = m.group("target")
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        assert (path.parent / target).exists(), f"{path.relative_to(REPO_DIR)} links {target}, which is missing"
+
+
+def test_every_registered_method_and_dataset_is_in_the_generated_tables() -> None:
+    from dpsyn.data import DATASETS
+    from dpsyn.methods import METHODS
+
+    facts = docs.load_facts()
+    assert sorted(facts["methods"]) == METHODS.names() == docs.registered("method")
+    assert DATASETS.names() == docs.registered("dataset")
+    readme = README.read_text()
+    for name in METHODS.names():
+        assert f"| `{name}` |" in readme, f"method {name} missing from the README's methods table"
+    datasets_page = (REPO_DIR / "docs" / "usage.md").read_text() + (REPO_DIR / "docs" / "config.md").read_text()
+    for name in DATASETS.names():
+        assert f"| `{name}` |" in datasets_page, f"dataset {name} missing from the docs' dataset table"
+    config = (REPO_DIR / "docs" / "config.md").read_text()
+    for name in METHODS.names():
+        if name != "gan":  # gan runs privgan's schema
+            assert f"`method={name}`" in config, f"method {name} missing from docs/config.md"
+    for paper in facts["papers"]:
+        assert (REPO_DIR / "docs" / "papers" / f"{paper}.md").is_file()
+
+
+def test_the_methods_block_reads_the_store_and_the_facts() -> None:
+    """The status column is computed from the records: change a record, the cell changes."""
+    facts = {"methods": {"m": {"paper": "p", "what": "w", "releases": "r", "accountant": "a", "sampling": "s",
+                               "caveat": "", "headline": {"experiment": "e", "method": "m", "dataset": "d",
+                                                          "eps": 1, "metric": "acc"}}}, "papers": {}}
+    recs = [{"experiment": "e", "profile": "embedded", "method": "m", "dataset": "d", "eps": 1.0, "seed": s,
+             "overrides": [], "metrics": {"acc": v}} for s, v in enumerate((0.4, 0.5, 0.6))]
+    block = docs.methods_block(recs, facts)
+    assert "| `m` | [p](docs/papers/p.md) | w | r; a | 0.5 [0.252, 0.748] (n=3; acc, d eps=1) |" in block
+    assert "not run yet" in docs.methods_block([], facts)
+    recs.append({**recs[0], "overrides": ["method.lr=1"], "seed": 9, "metrics": {"acc": 0.0}})  # a variant: not a seed
+    assert "(n=3;" in docs.methods_block(recs, facts)
+
+
+def test_unknown_blocks_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown"):
+        cli_tables.readme_blocks("<!-- dpsyn:nonsense -->\nx\n<!-- dpsyn:end -->\n", [])
