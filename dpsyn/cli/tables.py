@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from dpsyn.paths import CONF_DIR, REPO_DIR
+from dpsyn.results.docs import README_BLOCK, metric_table, readme_blocks  # noqa: F401  (the readme command's; tests use them)
+from dpsyn.results.tables import records_for
 
 EXPERIMENTS_DIR = REPO_DIR / "experiments"
 PROFILES = ("embedded", "quick", "paper", "dib")  # dib: DPImageBench's own settings (dpimagebench only)
@@ -112,11 +114,6 @@ def specs(only: list[str] | None = None) -> list[Path]:
 def runs_root() -> Path:
     """Where the sweeps write (``paths.output_dir``/experiments; ``DPSYN_OUTPUT_DIR`` moves it)."""
     return Path(os.environ.get("DPSYN_OUTPUT_DIR", "outputs")) / "experiments"
-
-
-def records_for(records: list[dict[str, Any]], experiment: str, profile: str) -> list[dict[str, Any]]:
-    """The records (results.csv rows grouped per run) of one experiment's profile."""
-    return [r for r in records if r.get("experiment") == experiment and r.get("profile") == profile]
 
 
 def build_tables(spec_path: Path, profile: str, out_dir: Path, cells: list[CellRun] | None = None,
@@ -321,9 +318,9 @@ def load_kept(source: Path | None) -> list[dict[str, Any]]:
 
 
 def evaluate_claims(records: list[dict[str, Any]], experiments_dir: Path = EXPERIMENTS_DIR) -> list[Any]:
-    from dpsyn.results.claims import claim_files, evaluate, load_claims
+    from dpsyn.results.claims import evaluate_all
 
-    return [evaluate(c, records) for path in claim_files(experiments_dir) for c in load_claims(path)]
+    return evaluate_all(records, experiments_dir)
 
 
 def write_claims(verdicts: list[Any], markdown: str, out_dir: Path) -> list[Path]:
@@ -334,64 +331,6 @@ def write_claims(verdicts: list[Any], markdown: str, out_dir: Path) -> list[Path
     out_dir.mkdir(parents=True, exist_ok=True)
     return [atomic_write_text(out_dir / "claims.md", markdown),
             atomic_write_text(out_dir / "claims.json", json.dumps([v.to_dict() for v in verdicts], indent=1) + "\n")]
-
-
-def metric_table(spec_ref: str, profile: str, metric: str, records: list[dict[str, Any]]) -> str:
-    """One metric's table of one spec (``paper/stem``) as Markdown, from records (no missing-cell rows)."""
-    from dpsyn.results import tables
-
-    spec = tables.load_spec(EXPERIMENTS_DIR / f"{spec_ref}.yaml")
-    m = next((x for x in spec.metrics if x.name == metric), None)
-    if m is None:
-        raise ValueError(f"{spec_ref}: no metric {metric} (has: {', '.join(x.name for x in spec.metrics)})")
-    agg = tables.build_cells(records_for(records, spec.experiment, profile), spec, m)
-    header, body, notes = tables.table_rows(spec, m, agg)
-    return tables.render_markdown(header, body, notes, f"{spec.title} — {m.label or m.name} ({profile} profile)")
-
-
-README_BLOCK = re.compile(r"(<!-- dpsyn:(?P<what>[^>]*?) -->\n)(?P<body>.*?)(<!-- dpsyn:end -->)", re.S)
-
-
-def readme_blocks(text: str, records: list[dict[str, Any]]) -> str:
-    """``text`` with every generated block rebuilt, each opened by ``<!-- dpsyn:<what> -->`` and closed by
-    ``<!-- dpsyn:end -->``: ``claims [<paper>]``, ``table <paper>/<spec> <profile> <metric>`` (one metric's table),
-    and the blocks of :mod:`dpsyn.results.docs` (``methods``, ``papers``, ``guarantees``, ``datasets``, ``config``,
-    ``measured <paper>``)."""
-    from dpsyn.results import docs
-
-    verdicts: list[Any] | None = None
-
-    def claims() -> list[Any]:
-        nonlocal verdicts
-        if verdicts is None:
-            verdicts = evaluate_claims(records)
-        return verdicts
-
-    def build(m: re.Match) -> str:
-        what = m.group("what").split()
-        if what and what[0] == "claims" and len(what) <= 2:
-            body = docs.claims_block(claims(), what[1] if len(what) == 2 else None)
-        elif len(what) == 4 and what[0] == "table":
-            body = metric_table(what[1], what[2], what[3], records)
-        elif what == ["methods"]:
-            body = docs.methods_block(records)
-        elif what == ["papers"]:
-            body = docs.papers_block(claims())
-        elif what == ["guarantees"]:
-            body = docs.guarantees_block()
-        elif what == ["datasets"]:
-            body = docs.datasets_block()
-        elif what == ["config"]:
-            body = docs.config_block()
-        elif len(what) == 2 and what[0] == "measured":
-            body = docs.measured_block(what[1], records)
-        else:
-            raise ValueError(f"generated block <!-- dpsyn:{m.group('what')} -->: unknown; use 'claims [<paper>]', "
-                             "'table <paper>/<spec> <profile> <metric>', 'measured <paper>', 'methods', 'papers', "
-                             "'guarantees', 'datasets' or 'config'")
-        return m.group(1) + body + m.group(4)
-
-    return README_BLOCK.sub(build, text)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -260,6 +260,11 @@ def claim_files(experiments_dir: Path) -> list[Path]:
     return sorted(experiments_dir.glob("*/claims.yaml"))
 
 
+def evaluate_all(records: Sequence[dict[str, Any]], experiments_dir: Path) -> list[Verdict]:
+    """Every claim of ``experiments_dir/*/claims.yaml``, judged on ``records``."""
+    return [evaluate(c, records) for path in claim_files(experiments_dir) for c in load_claims(path)]
+
+
 def _fmt(x: float | None, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"

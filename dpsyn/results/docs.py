@@ -242,7 +242,6 @@ def config_block(conf_dir: Path = CONF_DIR) -> str:
 
 def measured_block(paper: str, records: list[dict[str, Any]]) -> str:
     """Every table of ``paper``'s specs (``experiments/<paper>/*.yaml``) for each profile with kept results."""
-    from dpsyn.cli.tables import metric_table, records_for
     from dpsyn.results import tables
 
     parts = []
@@ -251,11 +250,11 @@ def measured_block(paper: str, records: list[dict[str, Any]]) -> str:
             continue
         spec = tables.load_spec(spec_path)
         for profile in ("embedded", "quick", "dib", "paper"):
-            if not records_for(records, spec.experiment, profile):
+            if not tables.records_for(records, spec.experiment, profile):
                 continue
             for m in spec.metrics:
                 # a table none of whose cells has run says nothing: left out
-                if not tables.build_cells(records_for(records, spec.experiment, profile), spec, m):
+                if not tables.build_cells(tables.records_for(records, spec.experiment, profile), spec, m):
                     continue
                 parts.append(metric_table(f"{paper}/{spec_path.stem}", profile, m.name, records))
     return "\n".join(parts) if parts else "No results kept for this paper yet.\n"
@@ -266,3 +265,61 @@ def claims_block(verdicts: list[Any], paper: str | None) -> str:
 
     chosen = [v for v in verdicts if paper is None or v.claim.paper == paper]
     return render_markdown(chosen) if chosen else "No claims for this paper.\n"
+
+
+def metric_table(spec_ref: str, profile: str, metric: str, records: list[dict[str, Any]]) -> str:
+    """One metric's table of one spec (``paper/stem``) as Markdown, from records (no missing-cell rows)."""
+    from dpsyn.results import tables
+
+    spec = tables.load_spec(EXPERIMENTS_DIR / f"{spec_ref}.yaml")
+    m = next((x for x in spec.metrics if x.name == metric), None)
+    if m is None:
+        raise ValueError(f"{spec_ref}: no metric {metric} (has: {', '.join(x.name for x in spec.metrics)})")
+    agg = tables.build_cells(tables.records_for(records, spec.experiment, profile), spec, m)
+    header, body, notes = tables.table_rows(spec, m, agg)
+    return tables.render_markdown(header, body, notes, f"{spec.title} — {m.label or m.name} ({profile} profile)")
+
+
+README_BLOCK = re.compile(r"(<!-- dpsyn:(?P<what>[^>]*?) -->\n)(?P<body>.*?)(<!-- dpsyn:end -->)", re.S)
+
+
+def readme_blocks(text: str, records: list[dict[str, Any]]) -> str:
+    """``text`` with every generated block rebuilt, each opened by ``<!-- dpsyn:<what> -->`` and closed by
+    ``<!-- dpsyn:end -->``: ``claims [<paper>]``, ``table <paper>/<spec> <profile> <metric>`` (one metric's table),
+    and the blocks of :mod:`dpsyn.results.docs` (``methods``, ``papers``, ``guarantees``, ``datasets``, ``config``,
+    ``measured <paper>``)."""
+    verdicts: list[Any] | None = None
+
+    def claims() -> list[Any]:
+        nonlocal verdicts
+        if verdicts is None:
+            from dpsyn.results.claims import evaluate_all
+
+            verdicts = evaluate_all(records, EXPERIMENTS_DIR)
+        return verdicts
+
+    def build(m: re.Match) -> str:
+        what = m.group("what").split()
+        if what and what[0] == "claims" and len(what) <= 2:
+            body = claims_block(claims(), what[1] if len(what) == 2 else None)
+        elif len(what) == 4 and what[0] == "table":
+            body = metric_table(what[1], what[2], what[3], records)
+        elif what == ["methods"]:
+            body = methods_block(records)
+        elif what == ["papers"]:
+            body = papers_block(claims())
+        elif what == ["guarantees"]:
+            body = guarantees_block()
+        elif what == ["datasets"]:
+            body = datasets_block()
+        elif what == ["config"]:
+            body = config_block()
+        elif len(what) == 2 and what[0] == "measured":
+            body = measured_block(what[1], records)
+        else:
+            raise ValueError(f"generated block <!-- dpsyn:{m.group('what')} -->: unknown; use 'claims [<paper>]', "
+                             "'table <paper>/<spec> <profile> <metric>', 'measured <paper>', 'methods', 'papers', "
+                             "'guarantees', 'datasets' or 'config'")
+        return m.group(1) + body + m.group(4)
+
+    return README_BLOCK.sub(build, text)

@@ -114,6 +114,11 @@ def load_spec(path: str | Path) -> TableSpec:
     )
 
 
+def records_for(records: list[dict[str, Any]], experiment: str, profile: str) -> list[dict[str, Any]]:
+    """The records (results.csv rows grouped per run) of one experiment's profile."""
+    return [r for r in records if r.get("experiment") == experiment and r.get("profile") == profile]
+
+
 def scan_results(root: str | Path) -> list[dict[str, Any]]:
     """Every readable ``result.json`` below ``root`` (unreadable ones are logged and skipped)."""
     out = []
