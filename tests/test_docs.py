@@ -84,3 +84,16 @@ def test_the_methods_block_reads_the_store_and_the_facts() -> None:
 def test_unknown_blocks_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown"):
         cli_tables.readme_blocks("<!-- dpsyn:nonsense -->\nx\n<!-- dpsyn:end -->\n", [])
+
+
+def test_the_audit_table_is_built_from_the_kept_audit(tmp_path: Path) -> None:
+    from dpsyn.cli.audit import keep_rows
+
+    rows = [{"mechanism": "m1", "what": "a release", "eps_claimed": 1.0, "eps_lower": 0.61, "trials": 4_000_000,
+             "seconds": 30.0}, {"mechanism": "m2", "what": "votes", "eps_claimed": 0.5, "eps_lower": 0.2,
+                                "trials": 500_000, "seconds": 30.0}]
+    path = keep_rows(rows, confidence=0.95, path=tmp_path / "audit.csv", cpu="cpu x", git_sha="abcdef0123")
+    block = docs.audit_block(path)
+    assert "| `m1` | a release | 1.000 | 0.610 | 0.61 | 4M |" in block
+    assert "| `m2` | votes | 0.500 | 0.200 | 0.40 | 500k |" in block
+    assert "2 mechanisms, 95% family-wise confidence, 1.0 min of auditing on cpu x, code abcdef0" in block

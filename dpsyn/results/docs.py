@@ -9,6 +9,7 @@ them; ``tests/test_docs.py`` fails when one is stale. The blocks this module bui
 - ``papers``: paper | the command of its tables | claims held / failed / open;
 - ``guarantees``: method | released | accountant | sampling | caveat (docs/privacy.md);
 - ``datasets``: the registered datasets and their config files;
+- ``audit``: the last kept audit (``docs/data/audit.csv``);
 - ``config``: every config group's options with their defaults and allowed values (docs/config.md);
 - ``claims <paper>``: one paper's claims (``claims`` alone: all of them);
 - ``measured <paper>``: every table of the paper's specs, for each profile with kept results.
@@ -260,6 +261,32 @@ def measured_block(paper: str, records: list[dict[str, Any]]) -> str:
     return "\n".join(parts) if parts else "No results kept for this paper yet.\n"
 
 
+AUDIT_CSV = REPO_DIR / "docs" / "data" / "audit.csv"
+
+
+def audit_block(path: Path = AUDIT_CSV) -> str:
+    """The last kept audit (``python -m dpsyn.cli.audit keep=true``): one row per mechanism."""
+    import csv
+
+    rows = list(csv.DictReader(path.open()))
+    if not rows:
+        return "No audit kept yet: run `python -m dpsyn.cli.audit keep=true`.\n"
+    body = []
+    for r in rows:
+        claimed, lower = float(r["eps_claimed"]), float(r["eps_lower"])
+        trials = int(r["trials"])
+        body.append([f"`{r['mechanism']}`", r["what"], f"{claimed:.3f}", f"{lower:.3f}",
+                     f"{lower / claimed:.2f}" if claimed > 0 else "", f"{trials / 1e6:g}M" if trials >= 1e6
+                     else f"{trials // 1000}k"])
+    seconds = sum(float(r["seconds"]) for r in rows)
+    machines = sorted({r["cpu"] for r in rows})
+    shas = sorted({r["git_sha"][:7] for r in rows})
+    return table(["mechanism", "what", "eps_claimed", "eps_lower", "lower / claimed", "trials"], body) + (
+        f"\n{len(rows)} mechanisms, {float(rows[0]['confidence']):.0%} family-wise confidence, "
+        f"{seconds / 60:.1f} min of auditing on {', '.join(machines)}, code {', '.join(shas)} "
+        "(`docs/data/audit.csv`).\n")
+
+
 def claims_block(verdicts: list[Any], paper: str | None) -> str:
     from dpsyn.results.claims import render_markdown
 
@@ -314,12 +341,14 @@ def readme_blocks(text: str, records: list[dict[str, Any]]) -> str:
             body = datasets_block()
         elif what == ["config"]:
             body = config_block()
+        elif what == ["audit"]:
+            body = audit_block()
         elif len(what) == 2 and what[0] == "measured":
             body = measured_block(what[1], records)
         else:
             raise ValueError(f"generated block <!-- dpsyn:{m.group('what')} -->: unknown; use 'claims [<paper>]', "
                              "'table <paper>/<spec> <profile> <metric>', 'measured <paper>', 'methods', 'papers', "
-                             "'guarantees', 'datasets' or 'config'")
+                             "'guarantees', 'datasets', 'audit' or 'config'")
         return m.group(1) + body + m.group(4)
 
     return README_BLOCK.sub(build, text)
