@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import re
 import statistics
 import subprocess
 import sys

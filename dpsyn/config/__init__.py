@@ -19,19 +19,18 @@ from dpsyn.config.schema import (
     ACCOUNTANTS,
     METHOD_FACTS,
     METHOD_SCHEMAS,
+    PATE_NOISE_KEYS,  # noqa: F401  (re-exported)
     SCHEMAS,
+    ConfigError,
     MethodFacts,
     SchemaError,
+    resolve_pate_noise,
 )
 
 __all__ = ["ACCOUNTANTS", "METHOD_FACTS", "METHOD_SCHEMAS", "SCHEMAS", "ConfigError", "MethodFacts", "SchemaError",
            "eps_at_least", "fingerprint", "hydra_error_line", "load_group", "register", "resolve_pate_noise", "schema_of", "validate"]
 
 VALIDATED_GROUPS = ("method", "dataset", "privacy", "trainer", "metrics", "public")
-
-
-class ConfigError(ValueError):
-    """A configuration mistake; ``str(err)`` is the one line the user sees (``<key>=<value>: <what is allowed>``)."""
 
 
 def register() -> None:
@@ -230,28 +229,6 @@ def fingerprint(node: Any, group: str = "method") -> dict[str, Any]:
         node = OmegaConf.merge(OmegaConf.structured(schema), node)
     data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
     return json.loads(json.dumps(data, sort_keys=True, default=str))
-
-
-PATE_NOISE_KEYS = ("sigma_threshold", "sigma", "threshold")
-
-
-def resolve_pate_noise(cfg: Any) -> dict[str, float]:
-    """The Confident-GNMax noise of a PATE method in votes: ``sigma_threshold`` (sigma1), ``sigma`` (sigma2) and
-    ``threshold`` (T), each the absolute key when set, else its ``*_ratio`` times ``teachers``.
-
-    Raises:
-        ConfigError: a quantity with neither key set.
-    """
-    out: dict[str, float] = {}
-    for key in PATE_NOISE_KEYS:
-        absolute, ratio = cfg.get(key), cfg.get(f"{key}_ratio")
-        if absolute is not None:
-            out[key] = float(absolute)
-        elif ratio is not None:
-            out[key] = float(ratio) * int(cfg.get("teachers"))
-        else:
-            raise ConfigError(f"method.{key}=null: set method.{key} (votes) or method.{key}_ratio (of the teachers)")
-    return out
 
 
 # ---- Hydra's own errors in the same one-line form ----------------------------------------------------------------

@@ -35,6 +35,32 @@ ADAM_BETA = {"ge": 0, "lt": 1}  # in [0, 1)
 WIDTHS = {"nonempty": True, "items": {"ge": 1}}  # a non-empty list of layer widths >= 1
 
 
+class ConfigError(ValueError):
+    """A configuration mistake; ``str(err)`` is the one line the user sees (``<key>=<value>: <what is allowed>``)."""
+
+
+PATE_NOISE_KEYS = ("sigma_threshold", "sigma", "threshold")
+
+
+def resolve_pate_noise(cfg: Any) -> dict[str, float]:
+    """The Confident-GNMax noise of a PATE method in votes: ``sigma_threshold`` (sigma1), ``sigma`` (sigma2) and
+    ``threshold`` (T), each the absolute key when set, else its ``*_ratio`` times ``teachers``.
+
+    Raises:
+        ConfigError: a quantity with neither key set.
+    """
+    out: dict[str, float] = {}
+    for key in PATE_NOISE_KEYS:
+        absolute, ratio = cfg.get(key), cfg.get(f"{key}_ratio")
+        if absolute is not None:
+            out[key] = float(absolute)
+        elif ratio is not None:
+            out[key] = float(ratio) * int(cfg.get("teachers"))
+        else:
+            raise ConfigError(f"method.{key}=null: set method.{key} (votes) or method.{key}_ratio (of the teachers)")
+    return out
+
+
 class SchemaError(ValueError):
     """A cross-field rule broken: ``key`` (relative to the schema's node), its value and what is allowed."""
 
@@ -193,7 +219,7 @@ class DPMEPFSchema(MethodSchema):
 class PATENoiseSchema(MethodSchema):
     """Confident-GNMax noise of the PATE methods, each quantity given in votes (absolute) or as a ratio to the
     number of teachers N (``*_ratio``); an absolute value, when set, wins (resolved by
-    :func:`dpsyn.config.resolve_pate_noise`)."""
+    :func:`resolve_pate_noise`)."""
 
     teachers: int = f(1000, **POSITIVE)
     sigma_threshold: Optional[float] = f(None, **GT0)
@@ -204,8 +230,6 @@ class PATENoiseSchema(MethodSchema):
     threshold_ratio: Optional[float] = f(None, ge=0, le=1)
 
     def check(self, node: Any, root: Any = None) -> None:
-        from dpsyn.config import resolve_pate_noise
-
         for key in ("sigma_threshold", "sigma", "threshold"):
             if node[key] is None and node[f"{key}_ratio"] is None:
                 raise SchemaError(key, None, f"set {key} (votes) or {key}_ratio (a fraction of the teachers)")

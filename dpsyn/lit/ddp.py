@@ -39,8 +39,9 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
-from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from dpsyn.lit.poisson import DistributedPoissonBatchSampler, distributed_poisson_loader  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -82,37 +83,6 @@ class DPDDPStrategy(DDPStrategy):
         if isinstance(self.model, DifferentiallyPrivateDistributedDataParallel):
             self.model = self.lightning_module
         super().teardown()
-
-
-class DistributedPoissonBatchSampler(DistributedUniformWithReplacementSampler):
-    """Opacus's distributed Poisson sampler (this rank's shard, each row kept with probability ``sample_rate``), but
-    yielding every batch, empty ones included: all ranks make the same number of steps, and an empty shard batch
-    still takes part in the step (clipped sum zero), as in one-process DP-SGD. The shards are a fixed partition
-    (``shuffle=False``: rank r holds rows r, r + W, ...; the partition is public, the sampling is not)."""
-
-    def __init__(self, *, total_size: int, sample_rate: float, generator: torch.Generator) -> None:
-        super().__init__(total_size=total_size, sample_rate=sample_rate, shuffle=False, generator=generator)
-
-    def __iter__(self):  # type: ignore[override]
-        indices = torch.arange(self.rank, self.total_size, self.num_replicas)
-        for _ in range(self.num_batches):
-            mask = torch.rand(self.num_samples, generator=self.generator) < self.sample_rate
-            yield indices[mask].tolist()
-
-
-def distributed_poisson_loader(data: Dataset, *, sample_rate: float, generator: torch.Generator) -> DataLoader:
-    """This rank's Poisson loader (:class:`DistributedPoissonBatchSampler`), empty batches shaped like full ones
-    (Opacus's collate wrapper). Needs the process group initialised."""
-    from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
-    from torch.utils.data import default_collate
-
-    first = data[0]
-    sampler = DistributedPoissonBatchSampler(total_size=len(data), sample_rate=sample_rate,  # type: ignore[arg-type]
-                                             generator=generator)
-    collate = wrap_collate_with_empty(collate_fn=default_collate,
-                                      sample_empty_shapes=[(0, *shape_safe(x)) for x in first],
-                                      dtypes=[dtype_safe(x) for x in first])
-    return DataLoader(data, batch_sampler=sampler, collate_fn=collate)
 
 
 @dataclass

@@ -34,7 +34,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from dpsyn.lit.gan import planned_steps
+from dpsyn.lit.poisson import distributed_poisson_loader, planned_steps
 from dpsyn.privacy import NonPrivateEvent, PrivacyLedger, SampledGaussianEvent, dp_generator, dpsgd_noise_multiplier
 
 if TYPE_CHECKING:  # dpsyn.methods imports this module
@@ -107,7 +107,6 @@ def private_discriminator_loader(
     if distributed:
         import torch.distributed as dist
 
-        from dpsyn.lit.ddp import distributed_poisson_loader
 
         rank = dist.get_rank()
         # each rank's own sampling randomness (OS entropy; distinct seeds when deterministic): rows of different

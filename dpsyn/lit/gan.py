@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,6 +51,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dpsyn.lit import fused_grad_sample
+from dpsyn.lit.poisson import planned_steps  # noqa: F401  (re-exported: the step count dp_gan calibrates for)
 from dpsyn.privacy import gaussian_mechanism
 
 log = logging.getLogger(__name__)
@@ -408,17 +408,3 @@ def _clipped_mean_grad_sample(optimizer: Any) -> list[torch.Tensor]:
     norms = torch.stack([g.reshape(len(g), -1).norm(2, dim=1) for g in gs], dim=1).norm(2, dim=1)
     factor = (float(optimizer.max_grad_norm) / (norms + 1e-6)).clamp(max=1.0)
     return [torch.einsum("j,j...->...", factor, g) / len(g) for g in gs]
-
-
-def planned_steps(*, epochs: int, batches_per_epoch: int, limit_train_batches: int | float | None) -> int:
-    """Number of discriminator steps a Trainer will run (what the noise is calibrated for).
-
-    Follows Lightning's convention: a float ``limit_train_batches`` is a fraction of the epoch, an int a count.
-    """
-    if limit_train_batches is None:
-        per_epoch = batches_per_epoch
-    elif isinstance(limit_train_batches, float):
-        per_epoch = max(1, int(math.floor(batches_per_epoch * limit_train_batches)))
-    else:
-        per_epoch = min(batches_per_epoch, int(limit_train_batches))
-    return epochs * per_epoch

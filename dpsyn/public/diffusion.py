@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dpsyn.public import (
+from dpsyn.public.cache import (
     _as_dict,
     _key,
     _load_cached,

@@ -10,6 +10,7 @@ them; ``tests/test_docs.py`` fails when one is stale. The blocks this module bui
 - ``guarantees``: method | released | accountant | sampling | caveat (docs/privacy.md);
 - ``datasets``: the registered datasets and their config files;
 - ``audit``: the last kept audit (``docs/data/audit.csv``);
+- ``speed``: the last kept DP-SGD step benchmark (``docs/data/speed_dpsgd_step.csv``);
 - ``config``: every config group's options with their defaults and allowed values (docs/config.md);
 - ``claims <paper>``: one paper's claims (``claims`` alone: all of them);
 - ``measured <paper>``: every table of the paper's specs, for each profile with kept results.
@@ -287,6 +288,35 @@ def audit_block(path: Path = AUDIT_CSV) -> str:
         "(`docs/data/audit.csv`).\n")
 
 
+SPEED_CSV = REPO_DIR / "docs" / "data" / "speed_dpsgd_step.csv"
+
+
+def speed_block(path: Path = SPEED_CSV) -> str:
+    """The kept DP-SGD step benchmark (``python benchmarks/dpsgd_step.py --keep``): each mode's time and its ratio
+    to a plain step of the same run, one column pair per thread count."""
+    import csv
+
+    rows = list(csv.DictReader(path.open())) if path.is_file() else []
+    if not rows:
+        return "No benchmark kept yet: run `python benchmarks/dpsgd_step.py --keep`.\n"
+    threads = sorted({int(r["threads"]) for r in rows}, reverse=True)
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    cell = {(r["mode"], int(r["threads"])): r for r in rows}
+    body = []
+    for mode in modes:
+        default = any(cell.get((mode, t), {}).get("default") == "yes" for t in threads)
+        line = [f"`{mode}`" + (" (default)" if default else "")]
+        for t in threads:
+            r = cell.get((mode, t))
+            line.append(f"{float(r['ms']):.1f} ms, {float(r['ratio']):.2f}x" if r else "")
+        body.append(line)
+    first = rows[0]
+    return table(["step", *[f"{t} thread{'s' if t > 1 else ''}" for t in threads]], body) + (
+        f"\nBatch {first['batch']}, median of {first['steps']} rounds, on {', '.join(sorted({r['cpu'] for r in rows}))}, "
+        f"torch {first['torch']}, code {', '.join(sorted({r['git_sha'][:7] for r in rows}))} "
+        "(`docs/data/speed_dpsgd_step.csv`).\n")
+
+
 def claims_block(verdicts: list[Any], paper: str | None) -> str:
     from dpsyn.results.claims import render_markdown
 
@@ -341,6 +371,8 @@ def readme_blocks(text: str, records: list[dict[str, Any]]) -> str:
             body = datasets_block()
         elif what == ["config"]:
             body = config_block()
+        elif what == ["speed"]:
+            body = speed_block()
         elif what == ["audit"]:
             body = audit_block()
         elif len(what) == 2 and what[0] == "measured":
@@ -348,7 +380,7 @@ def readme_blocks(text: str, records: list[dict[str, Any]]) -> str:
         else:
             raise ValueError(f"generated block <!-- dpsyn:{m.group('what')} -->: unknown; use 'claims [<paper>]', "
                              "'table <paper>/<spec> <profile> <metric>', 'measured <paper>', 'methods', 'papers', "
-                             "'guarantees', 'datasets', 'audit' or 'config'")
+                             "'guarantees', 'datasets', 'audit', 'speed' or 'config'")
         return m.group(1) + body + m.group(4)
 
     return README_BLOCK.sub(build, text)
