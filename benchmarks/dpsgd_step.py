@@ -15,7 +15,9 @@ constructions, :func:`dpsyn.lit.gan.split_dp_step` and Opacus's ``DPOptimizer`` 
 The steps are timed in turns (one call of each, round after round), so a machine that speeds up or slows down
 during the run moves every mode alike. The line of the configured default (conf/method/dp_gan.yaml) is marked
 ``(default)``. Ratios differ between CPUs, so the CPU model is printed first.
-Usage: python benchmarks/dpsgd_step.py [--batch 128] [--steps 30] [--threads N]
+Usage: python benchmarks/dpsgd_step.py [--batch 128] [--steps 30] [--threads N] [--keep]
+``--keep`` also writes the run's rows into docs/data/speed_dpsgd_step.csv (replacing the rows of the same thread
+count), the table docs/speed.md shows after ``make docs``.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    ap.add_argument("--keep", action="store_true", help="write the rows to docs/data/speed_dpsgd_step.csv")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -162,6 +165,37 @@ def main() -> None:
         mark = "  (default)" if key == default else ""
         line = f"{r * res['plain_ms']:8.2f} ms   {r:.2f}x" if isinstance(r, float) else r
         print(f"  DP-SGD {key:<22} {line}{mark}")
+    if args.keep:
+        print(f"kept in {keep(res, default, batch=args.batch, steps=args.steps)}")
+
+
+KEPT_CSV = Path(__file__).resolve().parents[1] / "docs" / "data" / "speed_dpsgd_step.csv"
+KEPT_COLUMNS = ("threads", "mode", "ms", "ratio", "default", "batch", "steps", "cpu", "torch", "git_sha")
+
+
+def keep(res: dict, default: str, *, batch: int, steps: int, path: Path = KEPT_CSV) -> Path:
+    """The run's rows into the kept CSV, replacing earlier rows of the same thread count."""
+    import csv
+    import subprocess
+
+    threads = torch.get_num_threads()
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=path.parents[2]).stdout.strip()
+    rows = []
+    if path.is_file():
+        rows = [r for r in csv.DictReader(path.open()) if int(r["threads"]) != threads]
+    common = {"batch": batch, "steps": steps, "cpu": cpu_model(), "torch": torch.__version__, "git_sha": sha,
+              "threads": threads}
+    rows.append({**common, "mode": "plain", "ms": f"{res['plain_ms']:.2f}", "ratio": "1.00", "default": ""})
+    for key, r in res.items():
+        if key != "plain_ms" and isinstance(r, float):
+            rows.append({**common, "mode": key, "ms": f"{r * res['plain_ms']:.2f}", "ratio": f"{r:.2f}",
+                         "default": "yes" if key == default else ""})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=KEPT_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(sorted(rows, key=lambda r: (-int(r["threads"]), r["mode"] != "plain")))
+    return path
 
 
 if __name__ == "__main__":

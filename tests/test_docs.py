@@ -97,3 +97,18 @@ def test_the_audit_table_is_built_from_the_kept_audit(tmp_path: Path) -> None:
     assert "| `m1` | a release | 1.000 | 0.610 | 0.61 | 4M |" in block
     assert "| `m2` | votes | 0.500 | 0.200 | 0.40 | 500k |" in block
     assert "2 mechanisms, 95% family-wise confidence, 1.0 min of auditing on cpu x, code abcdef0" in block
+
+
+def test_the_speed_table_is_built_from_the_kept_benchmark(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dpsgd_step_bench", REPO_DIR / "benchmarks" / "dpsgd_step.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    path = tmp_path / "speed.csv"
+    bench.keep({"plain_ms": 40.0, "paired/fused": 1.25, "split/hooks": 2.0}, "paired/fused", batch=128, steps=30,
+               path=path)
+    block = docs.speed_block(path)
+    assert "| `plain` | 40.0 ms, 1.00x |" in block
+    assert "| `paired/fused` (default) | 50.0 ms, 1.25x |" in block and "| `split/hooks` | 80.0 ms, 2.00x |" in block
+    assert "Batch 128, median of 30 rounds" in block
