@@ -15,7 +15,13 @@ from dpsyn.results import docs, export
 EXPERIMENTS = REPO_DIR / "experiments"
 README = REPO_DIR / "README.md"
 DATE = re.compile(r"20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]")
-LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)#\s]+)(?:#[^)]*)?\)")
+LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)#\s]*)(?:#(?P<anchor>[^)]*))?\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
 
 
 def test_readme_fits_on_a_few_screens() -> None:
@@ -40,10 +46,14 @@ def test_docs_state_what_holds_without_dates(path: Path) -> None:
                          ids=lambda p: str(p.relative_to(REPO_DIR)))
 def test_every_linked_file_exists(path: Path) -> None:
     for m in LINK.finditer(path.read_text()):
-        target = m.group("target")
+        target, anchor = m.group("target"), m.group("anchor")
         if "://" in target or target.startswith("mailto:"):
             continue
-        assert (path.parent / target).exists(), f"{path.relative_to(REPO_DIR)} links {target}, which is missing"
+        file = path.parent / target if target else path
+        assert file.exists(), f"{path.relative_to(REPO_DIR)} links {target}, which is missing"
+        if anchor and file.suffix == ".md":
+            anchors = {slug(h) for h in re.findall(r"^#+ (.*)$", file.read_text(), re.M)}
+            assert anchor in anchors, f"{path.relative_to(REPO_DIR)} links {target}#{anchor}: no such heading"
 
 
 def test_every_registered_method_and_dataset_is_in_the_generated_tables() -> None:
