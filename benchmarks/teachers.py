@@ -109,6 +109,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: leave torch's default)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="write the rows to docs/data/speed_teachers.csv (docs/speed.md)")
     args = ap.parse_args()
     if args.width is None:
         args.width = 32 if args.arch == "mlp" else 4
@@ -121,14 +122,22 @@ def main() -> None:
         f"median of {args.repeats}; throughput = teachers x samples / s"
     )
     print(f"{'teachers':>8} | {'train loop':>11} {'vectorised':>11} {'ratio':>6} | {'grads loop':>11} {'vectorised':>11} {'ratio':>6}")
+    kept = []
     for n in args.teachers:
         r = bench(n, args, device)
+        kept.append({"arch": args.arch, "width": args.width, "threads": torch.get_num_threads(), "teachers": n,
+                     "training step": f"{r['loop_train'] / r['vec_train']:.1f}x",
+                     "input gradients": f"{r['loop_grads'] / r['vec_grads']:.1f}x"})
         print(
             f"{n:>8} | {r['train_tput_loop']:>11.0f} {r['train_tput_vec']:>11.0f} "
             f"{r['loop_train'] / r['vec_train']:>5.1f}x | {r['grads_tput_loop']:>11.0f} {r['grads_tput_vec']:>11.0f} "
             f"{r['loop_grads'] / r['vec_grads']:>5.1f}x",
             flush=True,
         )
+    if args.keep:
+        from keep import keep
+
+        print(f"kept in {keep('speed_teachers', kept, key=('arch', 'width', 'threads', 'teachers'))}")
 
 
 if __name__ == "__main__":

@@ -122,3 +122,19 @@ def test_the_speed_table_is_built_from_the_kept_benchmark(tmp_path: Path) -> Non
     assert "| `plain` | 40.0 ms, 1.00x |" in block
     assert "| `paired/fused` (default) | 50.0 ms, 1.25x |" in block and "| `split/hooks` | 80.0 ms, 2.00x |" in block
     assert "Batch 128, median of 30 rounds" in block
+
+
+def test_a_kept_benchmark_is_rendered_from_its_csv(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(REPO_DIR / "benchmarks"))
+    try:
+        from keep import keep
+    finally:
+        sys.path.pop(0)
+    path = keep("t", [{"teachers": 100, "training step": "3.0x"}, {"teachers": 1000, "training step": "2.4x"}],
+                key=("teachers",), path=tmp_path / "t.csv")
+    keep("t", [{"teachers": 100, "training step": "2.6x"}], key=("teachers",), path=path)  # replaces its row only
+    block = docs.csv_block("t", data_dir=tmp_path)
+    assert "| 1000 | 2.4x |" in block and "| 100 | 2.6x |" in block and "3.0x" not in block
+    assert block.startswith("| teachers | training step |")

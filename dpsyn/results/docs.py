@@ -11,6 +11,7 @@ them; ``tests/test_docs.py`` fails when one is stale. The blocks this module bui
 - ``datasets``: the registered datasets and their config files;
 - ``audit``: the last kept audit (``docs/data/audit.csv``);
 - ``speed``: the last kept DP-SGD step benchmark (``docs/data/speed_dpsgd_step.csv``);
+- ``csv <name>``: a kept benchmark's rows (``docs/data/<name>.csv``);
 - ``config``: every config group's options with their defaults and allowed values (docs/config.md);
 - ``claims <paper>``: one paper's claims (``claims`` alone: all of them);
 - ``measured <paper>``: every table of the paper's specs, for each profile with kept results.
@@ -317,6 +318,24 @@ def speed_block(path: Path = SPEED_CSV) -> str:
         "(`docs/data/speed_dpsgd_step.csv`).\n")
 
 
+def csv_block(name: str, data_dir: Path = REPO_DIR / "docs" / "data") -> str:
+    """A kept benchmark's rows (``docs/data/<name>.csv``, written by a benchmark's ``--keep``) as a table; the
+    machine, torch and code they ran on in the caption."""
+    import csv
+
+    path = data_dir / f"{name}.csv"
+    rows = list(csv.DictReader(path.open())) if path.is_file() else []
+    if not rows:
+        return f"No rows kept in `docs/data/{name}.csv` yet (the benchmark's `--keep`).\n"
+    provenance = ("cpu", "torch", "git_sha")
+    header = [k for k in rows[0] if k not in provenance]
+    body = [[r[k] for k in header] for r in rows]
+    cpus = sorted({r.get("cpu", "") for r in rows})
+    shas = sorted({r.get("git_sha", "")[:7] for r in rows})
+    return table(header, body) + (f"\nOn {', '.join(cpus)}, torch {rows[0].get('torch', '')}, code "
+                                  f"{', '.join(shas)} (`docs/data/{name}.csv`).\n")
+
+
 def claims_block(verdicts: list[Any], paper: str | None) -> str:
     from dpsyn.results.claims import render_markdown
 
@@ -371,6 +390,8 @@ def readme_blocks(text: str, records: list[dict[str, Any]]) -> str:
             body = datasets_block()
         elif what == ["config"]:
             body = config_block()
+        elif len(what) == 2 and what[0] == "csv":
+            body = csv_block(what[1])
         elif what == ["speed"]:
             body = speed_block()
         elif what == ["audit"]:
@@ -380,7 +401,7 @@ def readme_blocks(text: str, records: list[dict[str, Any]]) -> str:
         else:
             raise ValueError(f"generated block <!-- dpsyn:{m.group('what')} -->: unknown; use 'claims [<paper>]', "
                              "'table <paper>/<spec> <profile> <metric>', 'measured <paper>', 'methods', 'papers', "
-                             "'guarantees', 'datasets', 'audit', 'speed' or 'config'")
+                             "'guarantees', 'datasets', 'audit', 'speed', 'csv <name>' or 'config'")
         return m.group(1) + body + m.group(4)
 
     return README_BLOCK.sub(build, text)
