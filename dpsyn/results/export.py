@@ -230,8 +230,9 @@ def load_records(experiments_dir: Path) -> list[dict[str, Any]]:
 
 
 # The config sections a single run must share with an experiment's cell to be kept as that cell: everything that
-# decides what the run computes. ``metrics.names`` may name more metrics than the cell (a score more changes no other
-# score: each metric draws from its own generator), never fewer; logger, paths and the run labels are plumbing.
+# decides what the run computes. ``metrics.names`` may name more metrics than the cell (a score more changes no
+# other: each metric seeds its own randomness, the classifier by seed_everything), never fewer; logger, paths and
+# the run labels are plumbing.
 CELL_SECTIONS = ("eps", "seed", "tuning", "method", "public", "dataset", "privacy", "trainer", "metrics")
 
 
