@@ -169,33 +169,18 @@ def main() -> None:
         print(f"kept in {keep(res, default, batch=args.batch, steps=args.steps)}")
 
 
-KEPT_CSV = Path(__file__).resolve().parents[1] / "docs" / "data" / "speed_dpsgd_step.csv"
-KEPT_COLUMNS = ("threads", "mode", "ms", "ratio", "default", "batch", "steps", "cpu", "torch", "git_sha")
-
-
-def keep(res: dict, default: str, *, batch: int, steps: int, path: Path = KEPT_CSV) -> Path:
-    """The run's rows into the kept CSV, replacing earlier rows of the same thread count."""
-    import csv
-    import subprocess
+def keep(res: dict, default: str, *, batch: int, steps: int, path: Path | None = None) -> Path:
+    """The run's rows into docs/data/speed_dpsgd_step.csv, replacing earlier rows of the same thread count."""
+    from dpsyn.results.kept import keep_rows
 
     threads = torch.get_num_threads()
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=path.parents[2]).stdout.strip()
-    rows = []
-    if path.is_file():
-        rows = [r for r in csv.DictReader(path.open()) if int(r["threads"]) != threads]
-    common = {"batch": batch, "steps": steps, "cpu": cpu_model(), "torch": torch.__version__, "git_sha": sha,
-              "threads": threads}
-    rows.append({**common, "mode": "plain", "ms": f"{res['plain_ms']:.2f}", "ratio": "1.00", "default": ""})
+    rows = [{"threads": threads, "mode": "plain", "ms": f"{res['plain_ms']:.2f}", "ratio": "1.00", "default": "",
+             "batch": batch, "steps": steps}]
     for key, r in res.items():
         if key != "plain_ms" and isinstance(r, float):
-            rows.append({**common, "mode": key, "ms": f"{r * res['plain_ms']:.2f}", "ratio": f"{r:.2f}",
-                         "default": "yes" if key == default else ""})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=KEPT_COLUMNS, lineterminator="\n")
-        w.writeheader()
-        w.writerows(sorted(rows, key=lambda r: (-int(r["threads"]), r["mode"] != "plain")))
-    return path
+            rows.append({"threads": threads, "mode": key, "ms": f"{r * res['plain_ms']:.2f}", "ratio": f"{r:.2f}",
+                         "default": "yes" if key == default else "", "batch": batch, "steps": steps})
+    return keep_rows("speed_dpsgd_step", rows, key=("threads",), path=path)
 
 
 if __name__ == "__main__":

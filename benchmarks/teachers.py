@@ -135,9 +135,9 @@ def main() -> None:
             flush=True,
         )
     if args.keep:
-        from keep import keep
+        from dpsyn.results.kept import keep_rows
 
-        print(f"kept in {keep('speed_teachers', kept, key=('arch', 'width', 'threads', 'teachers'))}")
+        print(f"kept in {keep_rows('speed_teachers', kept, key=('arch', 'width', 'threads', 'teachers'))}")
 
 
 if __name__ == "__main__":

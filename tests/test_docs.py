@@ -125,13 +125,8 @@ def test_the_speed_table_is_built_from_the_kept_benchmark(tmp_path: Path) -> Non
 
 
 def test_a_kept_benchmark_is_rendered_from_its_csv(tmp_path: Path) -> None:
-    import sys
+    from dpsyn.results.kept import keep_rows as keep
 
-    sys.path.insert(0, str(REPO_DIR / "benchmarks"))
-    try:
-        from keep import keep
-    finally:
-        sys.path.pop(0)
     path = keep("t", [{"teachers": 100, "training step": "3.0x"}, {"teachers": 1000, "training step": "2.4x"}],
                 key=("teachers",), path=tmp_path / "t.csv")
     keep("t", [{"teachers": 100, "training step": "2.6x"}], key=("teachers",), path=path)  # replaces its row only

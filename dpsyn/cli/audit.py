@@ -49,7 +49,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from dpsyn.paths import CONF_DIR, REPO_DIR
+from dpsyn.paths import CONF_DIR
 
 log = logging.getLogger("dpsyn.audit")
 
@@ -706,33 +706,14 @@ def run_audit(names: list[str], *, eps: float, delta: float, trials: int, confid
     return rows
 
 
-KEPT_CSV = REPO_DIR / "docs" / "data" / "audit.csv"
-KEPT_COLUMNS = ("mechanism", "what", "eps_claimed", "eps_lower", "trials", "seconds", "confidence", "cpu", "git_sha")
+def keep_rows(rows: list[dict[str, Any]], *, confidence: float, path: Path | None = None, **given: str) -> Path:
+    """Write an audit's rows to docs/data/audit.csv, the table of docs/audit.md (``keep=true``; replaces the last)."""
+    from dpsyn.results import kept
 
-
-def keep_rows(rows: list[dict[str, Any]], *, confidence: float, path: Path = KEPT_CSV,
-              cpu: str | None = None, git_sha: str | None = None) -> Path:
-    """Write an audit's rows to the kept CSV that docs/audit.md's table is built from (``keep=true``)."""
-    import csv
-    import io
-
-    from dpsyn.machine import cpu_model
-    from dpsyn.results.io import atomic_write_text
-
-    if git_sha is None:
-        from dpsyn.cli.train import _git_sha
-
-        git_sha = _git_sha()
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=KEPT_COLUMNS, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({"mechanism": r["mechanism"], "what": r["what"], "eps_claimed": f"{r['eps_claimed']:.4f}",
-                    "eps_lower": f"{r['eps_lower']:.4f}", "trials": r["trials"],
-                    "seconds": f"{r['seconds']:.1f}", "confidence": confidence, "cpu": cpu or cpu_model(),
-                    "git_sha": git_sha})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write_text(path, buf.getvalue())
+    table = [{"mechanism": r["mechanism"], "what": r["what"], "eps_claimed": f"{r['eps_claimed']:.4f}",
+              "eps_lower": f"{r['eps_lower']:.4f}", "trials": r["trials"], "seconds": f"{r['seconds']:.1f}",
+              "confidence": confidence} for r in rows]
+    return kept.keep_rows("audit", table, key=(), path=path, **given)
 
 
 def format_table(rows: list[dict[str, Any]], *, confidence: float) -> str:
