@@ -30,7 +30,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from torch.nn import functional as F
 
 from dpsyn.lit import fused_grad_sample
@@ -47,8 +46,10 @@ MODES: tuple[tuple[str, str], ...] = (
 
 
 def default_mode() -> tuple[str, str]:
-    """(dpsgd_step, grad_sample_mode) of conf/method/dp_gan.yaml."""
-    cfg = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "method" / "dp_gan.yaml")
+    """(dpsgd_step, grad_sample_mode) of ``method=dp_gan`` (its yaml over its schema)."""
+    from dpsyn.config import load_group
+
+    cfg = load_group("method", "dp_gan")
     return str(cfg.dpsgd_step), str(cfg.grad_sample_mode)
 
 

@@ -11,7 +11,7 @@ Checks, in order:
 * ``deps``: which dependencies import here, with their versions. A check whose imports are missing is skipped with
   the missing module's name (a ModuleNotFoundError inside a check counts as missing, not as a failure).
 * ``method/<name>``: every registered method (``dpsyn.methods.METHODS``) end to end through
-  ``dpsyn.cli.train.run`` on its embedded dataset with the tiny overrides of ``tests/tiny.py`` (the table the test
+  ``dpsyn.task.run`` on its embedded dataset with the tiny overrides of ``tests/tiny.py`` (the table the test
   suite uses), ``trainer=gpu`` (``trainer=cpu`` in CPU mode), one epoch of at most 5 batches. Global forward
   pre-hooks record, during ``fit`` and ``sample``, the device of every module call's parameters, buffers and tensor
   inputs: any call off the GPU fails the check and names the module classes (a silent CPU fallback). Also: the run
@@ -487,7 +487,7 @@ def method_check(name: str, env: Env) -> dict[str, Any]:
     import torch
     from omegaconf import OmegaConf, open_dict
 
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.methods import METHODS
     from tests.tiny import TINY
 

@@ -45,7 +45,6 @@ import itertools
 import logging
 import math
 import shutil
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -55,17 +54,9 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpsyn.cli.config_check import ConfigError
+from dpsyn.trial import SCORE, TRIAL_ROLE, noised_count  # noqa: F401  (noised_count: re-exported)
 
 log = logging.getLogger(__name__)
-
-TRIAL_ROLE = "private_trial"
-SCORE = "dp_score"
-
-
-def is_private_trial(cfg: DictConfig) -> bool:
-    t = cfg.get("tuning")
-    return t is not None and t.get("role") == TRIAL_ROLE
-
 
 # ---- the search space ---------------------------------------------------------------------------------------------
 
@@ -217,40 +208,6 @@ def _corners(sweep: Any) -> list[Any]:
     return [float(sweep.start), float(sweep.end)]
 
 
-# ---- a trial's DP score -------------------------------------------------------------------------------------------
-
-
-def noised_count(counts: np.ndarray, *, noise_multiplier: float, generator: np.random.Generator) -> np.ndarray:
-    """The DP score's mechanism: counts (sensitivity 1 each) + N(0, noise_multiplier^2); audited by
-    ``python -m dpsyn.cli.audit`` (row ``private_tuning_score``)."""
-    from dpsyn.privacy import gaussian_mechanism
-
-    return gaussian_mechanism(np.asarray(counts, dtype=np.float64), float(noise_multiplier), generator=generator)
-
-
-def trial_score(metrics: dict[str, Any], metric_info: dict[str, Any], cfg: DictConfig, ledger: Any
-                ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Replace a trial's metrics by its DP score: the count of correct validation predictions plus Gaussian noise
-    (recorded in ``ledger`` first), divided by the number of validation rows."""
-    from dpsyn.privacy import GaussianEvent, dp_numpy_generator
-
-    if "acc" not in metrics:
-        raise ConfigError("private tuning scores trials by downstream accuracy: metrics.names.image must hold acc "
-                          "(an image dataset)")
-    n = int(metric_info["acc"]["n_test"])
-    correct = float(round(float(metrics["acc"]) * n))
-    nm = float(cfg.tuning.score_noise_multiplier)
-    ledger.add(GaussianEvent(noise_multiplier=nm, count=1,
-                             label="private tuning: count of correct validation predictions + Gaussian noise "
-                                   "(sensitivity 1)"))
-    gen = dp_numpy_generator(deterministic=bool(cfg.privacy.deterministic_noise), seed=int(cfg.seed) + 104729)
-    noisy = float(noised_count(np.array([correct]), noise_multiplier=nm, generator=gen)[0])
-    values = {SCORE: noisy / n}
-    info = {SCORE: {"what": "(correct validation predictions + N(0, nm^2)) / n_validation", "noise_multiplier": nm,
-                    "n_validation": n, "sensitivity": 1}}
-    return values, info
-
-
 # ---- the search ---------------------------------------------------------------------------------------------------
 
 
@@ -320,7 +277,7 @@ def _log_files_paused() -> Iterator[None]:
 
 def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Run the search (module docstring) and publish the best trial in ``run_dir``; returns its result record."""
-    from dpsyn.cli.train import _family_loader, _git_sha, _versions, run
+    from dpsyn.task import family_loader, git_sha, run, versions
     from dpsyn.data import load_dataset
     from dpsyn.methods import Samples
     from dpsyn.metrics import evaluate
@@ -411,7 +368,7 @@ def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     with np.load(run_dir / "samples.npz") as z:
         samples = Samples(z["x"], z["y"] if z["y"].size else None, {"loaded_from": "the selected trial"})
     metrics, metric_s, metric_info = evaluate(samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir,
-                                              seed=int(cfg.seed), load_family=_family_loader(cfg))
+                                              seed=int(cfg.seed), load_family=family_loader(cfg))
     tr = best["result"]
     result = {
         "method": cfg.method.name,
@@ -450,8 +407,8 @@ def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "n_validation": tr["metric_info"][SCORE]["n_validation"],
         },
         "timings": {"selected_fit_s": tr["timings"]["fit_s"], **{f"metric_{k_}_s": v for k_, v in metric_s.items()}},
-        "git_sha": _git_sha(),
-        "versions": _versions(),
+        "git_sha": git_sha(),
+        "versions": versions(),
         "run_dir": str(run_dir),
         "overrides": list(tr.get("overrides", [])),
     }

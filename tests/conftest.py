@@ -126,7 +126,7 @@ def run_context(
         kind, shape, classes: the dataset's, when neither ``data`` nor ``cfg`` gives them.
         data: a :class:`~dpsyn.data.DataBundle`: its kind, shape, classes and public class names.
         cfg: a composed config (``make_cfg``): its seed, noise mode, accountant, trainer and public models, and its
-            paths as the context's cache and data folders (as ``dpsyn.cli.train.run`` builds it).
+            paths as the context's cache and data folders (as ``dpsyn.task.run`` builds it).
         **kw: any other RunContext field (``run_dir``, ``trainer``, ``deterministic_noise``, ...), applied last.
     """
     from dpsyn.methods import RunContext

@@ -1,4 +1,4 @@
-"""Every registered method, end to end through ``dpsyn.cli.train.run`` with ``trainer=debug``, in seconds each.
+"""Every registered method, end to end through ``dpsyn.task.run`` with ``trainer=debug``, in seconds each.
 
 Each case runs on the cheapest dataset the method supports with the tiny overrides of tests/tiny.py, and checks what
 every run must leave: result.json, samples.npz and privacy.json, with the epsilon spent within the target for every
@@ -43,7 +43,7 @@ def test_tiny_overrides_cover_every_registered_method() -> None:
 
 @pytest.mark.parametrize("method", METHODS.names())
 def test_every_method_runs_end_to_end_with_debug_trainer(method: str, make_cfg, tmp_path: Path) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     cfg = make_cfg(*BASE, *TINY[method])
     run_dir = tmp_path / "run"

@@ -65,7 +65,7 @@ def test_restore_ledger_accepts_a_recharged_prefix_and_refuses_anything_else(tmp
 
 
 def _run_ledger(run_dir: Path, fingerprint: dict | None = None) -> PrivacyLedger:
-    """A run's ledger as dpsyn.cli.train makes it: fresh, then journalled in the run directory."""
+    """A run's ledger as dpsyn.task.run makes it: fresh, then journalled in the run directory."""
     from dpsyn.privacy.journal import JOURNAL_PATH
 
     ledger = _ledger()
@@ -116,9 +116,9 @@ def test_restore_ledger_merges_the_journal_of_the_interrupted_attempt(tmp_path: 
 
 def test_a_rerun_without_checkpoint_keeps_the_journal_and_another_config_is_refused(make_cfg, tmp_path: Path,
                                                                                    monkeypatch) -> None:
-    """dpsyn.cli.train: a run killed before its first checkpoint reruns from scratch with the journal's charges;
+    """dpsyn.task.run: a run killed before its first checkpoint reruns from scratch with the journal's charges;
     a journal made under another config is refused before anything is charged."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.lit import gan
     from dpsyn.results.io import read_json
 
@@ -181,7 +181,7 @@ def test_a_kill_during_save_leaves_the_previous_checkpoint(tmp_path: Path, monke
 
 
 def test_run_limits_resolve_device_and_step_caps_from_the_trainer_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RunContext's device and step limits come from conf/trainer (dpsyn.cli.train fills them): hand-written loops
+    """RunContext's device and step limits come from conf/trainer (dpsyn.task.run fills them): hand-written loops
     read these, not Trainer settings."""
     from dpsyn.methods import RunContext
     from dpsyn.methods.base import run_limits

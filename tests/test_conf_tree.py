@@ -120,9 +120,9 @@ def test_load_dataset_without_public_keeps_the_private_and_eval_splits(tmp_path:
 @pytest.mark.parametrize("method, loads_public", [("real", False), ("public_uniform", True)])
 def test_run_loads_public_data_only_for_methods_that_use_it(method: str, loads_public: bool, make_cfg, tmp_path,
                                                             monkeypatch) -> None:
-    """``train.run`` passes ``public=Method.needs_public`` to the loader; the run's data record says what it read."""
+    """``dpsyn.task.run`` passes ``public=Method.needs_public`` to the loader; the run's data record says what it read."""
     import dpsyn.data
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.methods import METHODS
 
     assert METHODS.get(method).needs_public is loads_public
@@ -166,7 +166,7 @@ def test_every_experiment_gets_the_shared_logger_and_sweep_dir_from_the_base(exp
 
 
 def test_make_ctx_builds_the_context_train_run_would(make_ctx, make_cfg) -> None:
-    """The make_ctx fixture: test defaults, or a composed config's run settings (as dpsyn.cli.train.run builds)."""
+    """The make_ctx fixture: test defaults, or a composed config's run settings (as dpsyn.task.run builds)."""
     ctx = make_ctx()
     assert (ctx.seed, ctx.deterministic_noise, ctx.accountant, ctx.kind) == (0, True, "rdp", "image")
     assert ctx.shape == (1, 28, 28) and ctx.num_classes == 3 and ctx.classes == ["a", "b", "c"]
@@ -181,10 +181,10 @@ def test_make_ctx_builds_the_context_train_run_would(make_ctx, make_cfg) -> None
 def test_evaluation_data_of_an_imagenet_family_reads_no_imagenet(make_cfg) -> None:
     """cifar10's yaml names imagenet_val, but the family data of the evaluation network (and of re-scoring) is read
     without it: dp_gan on cifar10 needs no ImageNet files to be scored."""
-    from dpsyn.cli.train import _family_loader
+    from dpsyn.task import family_loader
     from tests.test_data import write_fake_cifar10
 
     cfg = make_cfg("dataset=cifar10")
     write_fake_cifar10(Path(cfg.paths.data_dir))
-    family = _family_loader(cfg)("cifar10")
+    family = family_loader(cfg)("cifar10")
     assert family.public is None and family.info["public"] is None and len(family.private) > 0

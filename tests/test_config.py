@@ -133,7 +133,7 @@ def test_method_needing_public_data_is_refused_on_a_dataset_without(monkeypatch:
 
 
 def test_delta_is_checked_against_the_private_set_size(make_cfg, tmp_path: Path) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     cfg = make_cfg("method=real", "dataset=digits", "privacy.delta=0.01")  # digits: ~1400 private rows
     with pytest.raises(ConfigError, match=r"privacy.delta=0.01: must lie in \(0, 1/n"):

@@ -189,7 +189,7 @@ def test_fingerprint_holds_every_schema_field_resolved() -> None:
 
 
 def test_train_fit_fingerprint_uses_the_typed_method_config() -> None:
-    from dpsyn.cli.train import fit_fingerprint
+    from dpsyn.task import fit_fingerprint
 
     cfg = compose_cfg(["method=gs_wgan"])
     assert fit_fingerprint(cfg, 1e-5)["method"] == fingerprint(cfg.method)

@@ -107,7 +107,7 @@ SPEND_NOTHING = {"real", "privgan", "gan", "public_uniform", "icgan_nonprivate"}
 
 def _reference_events(make_cfg, overrides: tuple[str, ...], run_dir: Path) -> list[dict]:
     """The ledger of an uninterrupted run of the same config (in this process: no extra imports to pay)."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     return run(make_cfg(*BASE, *overrides), run_dir)["privacy_events"]
 
@@ -225,7 +225,7 @@ def test_pe_keeps_a_lost_histogram_and_stops_at_its_planned_releases(make_cfg, t
     charge, redoes the iteration, and stops when the charged histograms reach the 3 its sigma was calibrated for
     (two iterations instead of three, epsilon at the target)."""
     import dpsyn.methods.pe.method as pe
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     cfg = make_cfg(*BASE, *TINY["pe"])
     run_dir = tmp_path / "run"
@@ -261,7 +261,7 @@ def test_dp_mepf_reuses_its_release_after_a_crash_in_the_generator_training(make
     """A crash while the generator trains: the rerun reuses the saved release (charged once) instead of releasing
     again, which would spend the budget twice and be refused."""
     import dpsyn.methods.dp_mepf as mepf
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     cfg = make_cfg(*BASE, *TINY["dp_mepf"])
     run_dir = tmp_path / "run"
@@ -290,7 +290,7 @@ def test_dp_mepf_reuses_its_release_after_a_crash_in_the_generator_training(make
 def test_fitted_state_is_restored_without_fitting_or_charging_again(make_cfg, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     import dpsyn.metrics as metrics
-    from dpsyn.cli.train import FITTED_STATE, run
+    from dpsyn.task import FITTED_STATE, run
     from dpsyn.methods import METHODS
 
     cfg = make_cfg(*BASE, *G_PATE)
@@ -323,7 +323,7 @@ def test_fitted_state_is_restored_without_fitting_or_charging_again(make_cfg, tm
 
 
 def test_a_method_without_fitted_state_writes_none(make_cfg, tmp_path: Path) -> None:
-    from dpsyn.cli.train import FITTED_STATE, run
+    from dpsyn.task import FITTED_STATE, run
 
     result = run(make_cfg("method=real", "metrics.names.image=[]", "metrics.n_samples=60"), tmp_path / "run")
     assert result["fit_restored"] is False and not (tmp_path / "run" / FITTED_STATE).exists()

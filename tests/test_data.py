@@ -577,7 +577,7 @@ def test_cifar10_with_imagenet_val_as_public_data(tmp_path: Path) -> None:
 def test_paper000_on_cifar10_fails_only_where_a_checkpoint_is_missing(tmp_path: Path, make_cfg) -> None:
     """dp_dre on cifar10 composes with ImageNet public data and models; with the data present, it stops at the
     missing SwAV checkpoint and says what to download."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     cfg = make_cfg("method=dp_dre", "dataset=cifar10", "eps=1")
     assert cfg.dataset.public == "imagenet_val" and cfg.public.name == "imagenet"

@@ -302,7 +302,7 @@ def test_trainer_ddp_refuses_what_it_cannot_do_before_any_release(eps, batch, de
 
 def test_trainer_ddp_is_refused_for_methods_without_it(make_cfg, tmp_path) -> None:
     from dpsyn.cli.config_check import ConfigError
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     cfg = make_cfg("method=gan", "trainer=ddp")
     assert cfg.trainer.strategy == "dpsgd_ddp" and cfg.trainer.accelerator == "gpu"

@@ -77,7 +77,7 @@ def test_empty_poisson_batch_gets_a_noise_only_update_with_the_calibrated_std() 
 
 def test_dp_gan_noise_is_not_reproducible_from_the_seed(make_cfg, tmp_path) -> None:
     """Two runs with the same seed: identical without DP noise difference only if deterministic_noise is set."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     def weights(*over: str) -> torch.Tensor:
         import dpsyn.methods.dp_gan as m
@@ -117,7 +117,7 @@ def test_planned_steps_follows_lightning_limits(limit, expected) -> None:
 
 def test_a_crashed_run_resumes_from_its_checkpoint_without_spending_twice(make_cfg, tmp_path, monkeypatch) -> None:
     """Crash at step 7 of 10 (checkpoint every 3): the re-run resumes at step 6 and the ledger counts 10 steps."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.lit import gan
     from dpsyn.privacy import PrivacyLedger, dpsgd_epsilon
 
@@ -172,7 +172,7 @@ def _events(result: dict, kind: str) -> list[dict]:
 
 def test_dp_gan_on_a_table_releases_class_proportions_then_dp_sgd_within_target(make_cfg, tmp_path) -> None:
     """breast_cancer end to end: Laplace class-ratio release (eps 0.01) + DP-SGD for the rest, total <= eps."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.privacy import dpsgd_epsilon
 
     # deterministic noise: at eps 0.01 the Laplace scale (100) is large for breast_cancer's 455 private rows, and
@@ -236,7 +236,7 @@ def test_dp_gan_table_labels_follow_the_released_proportions() -> None:
 
 @pytest.mark.parametrize("value", [1.0, 2.0, 0.0, -0.1])
 def test_dp_gan_class_ratio_epsilon_must_leave_budget_for_dp_sgd(make_cfg, tmp_path, value: float) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     with pytest.raises(ValueError, match="method.class_ratio_epsilon"):
         run(make_cfg("method=dp_gan", "dataset=breast_cancer", "eps=1", f"method.class_ratio_epsilon={value}"),
@@ -244,7 +244,7 @@ def test_dp_gan_class_ratio_epsilon_must_leave_budget_for_dp_sgd(make_cfg, tmp_p
 
 
 def test_dp_gan_table_without_privacy_uses_exact_proportions(make_cfg, tmp_path) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     result = run(make_cfg("method=dp_gan", "dataset=breast_cancer", "eps=inf", "metrics.n_samples=200",
                           "metrics.tabular.classifiers=[logreg]"), tmp_path / "run")
@@ -256,7 +256,7 @@ def test_dp_gan_table_without_privacy_uses_exact_proportions(make_cfg, tmp_path)
 
 def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, monkeypatch) -> None:
     """Crash mid-training: the re-run resumes with the class proportions it released, charged once."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.lit import gan
 
     over = ("method=dp_gan", "dataset=breast_cancer", "eps=1", "trainer.limit_train_batches=4", "method.class_ratio_epsilon=0.01",
@@ -291,7 +291,7 @@ def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, 
 def test_private_runs_log_nothing_read_from_the_private_batch(make_cfg, tmp_path, monkeypatch, eps: str) -> None:
     """W&B/CSV logs are published with a run: under DP only the generator loss (post-processing of the DP
     discriminator on a fixed number of fakes) is logged, not the discriminator loss on the private Poisson batch."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.lit import gan
 
     logged: list[set[str]] = []
@@ -477,7 +477,7 @@ def test_d_steps_puts_that_many_charged_discriminator_steps_before_each_generato
 ) -> None:
     """``method.d_steps`` (DPImageBench's d_updates): 7 discriminator steps make 7 // d_steps generator steps, after
     discriminator steps d_steps, 2 d_steps, ...; the ledger charges all 7 discriminator steps, whatever the ratio."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.lit import gan
     from dpsyn.privacy import dpsgd_epsilon
 

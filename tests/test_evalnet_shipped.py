@@ -78,13 +78,13 @@ def test_default_run_settings_load_the_shipped_evalnet_without_training(tmp_path
     loads it) comes from the package: no training, and the features are the shipped weights'."""
     if not DEBIAN_FMNIST.is_file():
         pytest.skip("the shipped key is for Debian's dataset-fashion-mnist files")
-    from dpsyn.cli.train import _family_loader
+    from dpsyn.task import family_loader
     from dpsyn.metrics.features import build_feature_extractor
 
     monkeypatch.setattr(evalnet_mod, "train_classifier", _no_training)
     cfg = compose_cfg([f"paths.cache_dir={tmp_path / 'empty'}", f"paths.data_dir={tmp_path / 'data'}"])
     assert (cfg.method.name, cfg.dataset.name, cfg.dataset.family) == ("dp_gan", "fmnist", "fmnist")
-    family = _family_loader(cfg)(cfg.dataset.family)
+    family = family_loader(cfg)(cfg.dataset.family)
     ext = build_feature_extractor(f"evalnet_{family.family}", family_data=family, settings=dict(cfg.metrics.evalnet),
                                   cache_dir=cfg.paths.cache_dir)
     (weights,) = _shipped()
@@ -101,7 +101,7 @@ def test_default_run_settings_load_the_shipped_evalnet_without_training(tmp_path
 def test_a_corrupted_shipped_file_is_an_error_not_a_retrain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if not DEBIAN_FMNIST.is_file():
         pytest.skip("the shipped key is for Debian's dataset-fashion-mnist files")
-    from dpsyn.cli.train import _family_loader
+    from dpsyn.task import family_loader
 
     (weights,) = _shipped()
     copy = tmp_path / "shipped"
@@ -114,7 +114,7 @@ def test_a_corrupted_shipped_file_is_an_error_not_a_retrain(tmp_path: Path, monk
     monkeypatch.setattr(evalnet_mod, "SHIPPED_DIR", copy)
     monkeypatch.setattr(evalnet_mod, "train_classifier", _no_training)
     cfg = compose_cfg([f"paths.cache_dir={tmp_path / 'empty'}", f"paths.data_dir={tmp_path / 'data'}"])
-    family = _family_loader(cfg)("fmnist")
+    family = family_loader(cfg)("fmnist")
     with pytest.raises(RuntimeError, match=r"does not match the sha256 .*Reinstall dpsyn, or regenerate"):
         evalnet_mod.load_or_train_evalnet(family, settings=dict(cfg.metrics.evalnet), cache_dir=tmp_path / "empty")
 
@@ -213,11 +213,11 @@ def test_pretrain_command_ships_then_loads_the_evalnet(tmp_path: Path, monkeypat
     loaded = pretrain_mod.pretrain(cfg())
     assert loaded["source"] == "shipped" and loaded["key"] == shipped["key"]
     # a run's metric on the same data looks for the same key
-    from dpsyn.cli.train import _family_loader
+    from dpsyn.task import family_loader
 
     run_cfg = compose_cfg([f"paths.data_dir={tmp_path / 'data'}", f"paths.cache_dir={tmp_path / 'cache'}",
                            "metrics.evalnet.epochs=1"])
-    _, record = evalnet_mod.load_or_train_evalnet(_family_loader(run_cfg)("fmnist"),
+    _, record = evalnet_mod.load_or_train_evalnet(family_loader(run_cfg)("fmnist"),
                                                   settings=dict(run_cfg.metrics.evalnet),
                                                   cache_dir=run_cfg.paths.cache_dir)
     assert record["source"] == "shipped" and record["key"] == shipped["key"]

@@ -9,7 +9,7 @@ import pytest
 
 from dpsyn.cli.config_check import ConfigError
 from dpsyn.cli.evaluate import rescore
-from dpsyn.cli.train import run
+from dpsyn.task import run
 from dpsyn.results.io import read_json
 
 
@@ -69,7 +69,7 @@ def test_monitor_scores_like_the_metrics_and_computes_the_real_radii_once(make_c
     computed on the first call only (they were recomputed every iteration)."""
     import numpy as np
 
-    from dpsyn.cli.train import _family_loader
+    from dpsyn.task import family_loader
     from dpsyn.data import load_dataset
     from dpsyn.metrics import fidelity, make_monitor
 
@@ -78,14 +78,14 @@ def test_monitor_scores_like_the_metrics_and_computes_the_real_radii_once(make_c
     calls = []
     real_radii = fidelity.real_squared_knn_radii
     monkeypatch.setattr(fidelity, "real_squared_knn_radii", lambda *a, **k: calls.append(1) or real_radii(*a, **k))
-    monitor = make_monitor(data, cfg.metrics, cache_dir=cfg.paths.cache_dir, load_family=_family_loader(cfg))
+    monitor = make_monitor(data, cfg.metrics, cache_dir=cfg.paths.cache_dir, load_family=family_loader(cfg))
     images = [data.private.x[:300], data.private.x[300:600]]
     got = [monitor(x) for x in images]
     assert len(calls) == 1 and all({"fd_fmnist", "precision", "recall"} <= set(v) for v in got)
     # the same numbers the metric function gives from scratch, on the monitor's own features
     from dpsyn.metrics import _extractor, _features
 
-    env = {"cache_dir": cfg.paths.cache_dir, "seed": 0, "load_family": _family_loader(cfg), "feats": {}}
+    env = {"cache_dir": cfg.paths.cache_dir, "seed": 0, "load_family": family_loader(cfg), "feats": {}}
     real = _features(env, data, cfg.metrics, "real")
     gen = _extractor(env, data, cfg.metrics).extract(images[1])["features"]
     want = fidelity.precision_recall(gen, real, k=int(cfg.metrics.prdc.k_pr))

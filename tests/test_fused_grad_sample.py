@@ -210,7 +210,7 @@ def test_dp_gan_default_trains_with_the_fused_engine_within_budget(make_cfg, tmp
     """The default config takes the fused path (every DP step goes through it) and spends at most the target."""
     import json
 
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     calls: list[int] = []
     real = fused.grad_samples

@@ -206,7 +206,7 @@ SMOKE = ("method=g_pate", "dataset=fmnist", "method.teachers=20", "method.batch_
 
 
 def test_g_pate_runs_end_to_end_within_its_budget(make_cfg, tmp_path) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.privacy import PrivacyLedger, pate_data_independent_epsilon
 
     # fmnist_shoes: acc's classifier is scored on its 3k eval images (fmnist's: 10k); acc is the one metric read
@@ -227,7 +227,7 @@ def test_g_pate_runs_end_to_end_within_its_budget(make_cfg, tmp_path) -> None:
 @pytest.mark.parametrize("bound", ["data_independent", "data_dependent", "renyi_filter"])
 def test_g_pate_stops_before_the_step_that_would_overspend(make_cfg, tmp_path, bound: str, monkeypatch) -> None:
     import dpsyn.results.grid as grid
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.privacy import pate_max_queries
 
     titles: list[str] = []
@@ -262,7 +262,7 @@ def test_g_pate_stops_before_the_step_that_would_overspend(make_cfg, tmp_path, b
 def test_g_pate_without_noise_at_eps_inf(make_cfg, tmp_path, caplog) -> None:
     import logging
 
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     with caplog.at_level(logging.INFO, logger="dpsyn.methods.g_pate"):
         result = run(make_cfg(*SMOKE, "eps=inf", "metrics.names.image=[]", "metrics.n_samples=50"), tmp_path / "run")
@@ -275,7 +275,7 @@ def test_g_pate_without_noise_at_eps_inf(make_cfg, tmp_path, caplog) -> None:
 def test_a_crashed_g_pate_run_resumes_without_spending_twice(make_cfg, tmp_path, monkeypatch) -> None:
     """Crash in step 4 (checkpoint every 2): the re-run resumes at step 2 from the checkpoint, keeps the journalled
     queries of step 3 (its answers were used before the crash) and redoes steps 3-5: 6 steps' queries, each once."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.privacy import PrivacyLedger
 
     over = (*SMOKE, "eps=1", "method.checkpoint_every=2", "metrics.names.image=[]", "metrics.n_samples=50")
@@ -304,7 +304,7 @@ TABLE = ("method=g_pate", "dataset=breast_cancer", "method.teachers=20", "method
 def test_g_pate_on_a_table_releases_the_class_ratio_first_and_reports_auroc(make_cfg, tmp_path) -> None:
     """The paper's tabular protocol: Laplace class proportions (eps 0.01, delta 0) + G-PATE on the rest, <= target;
     samples follow the released proportions; AUROC is reported."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.privacy import pate_data_independent_epsilon
 
     result = run(make_cfg(*TABLE, "eps=1", "method.class_ratio_epsilon=0.05", "metrics.n_samples=400",
@@ -328,7 +328,7 @@ def test_g_pate_on_a_table_releases_the_class_ratio_first_and_reports_auroc(make
 
 def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, monkeypatch) -> None:
     """A crash after the Laplace release: the re-run charges that release once and draws no new noise."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     over = (*TABLE, "eps=1", "method.checkpoint_every=2", "metrics.names.table=[]", "metrics.n_samples=50")
     original = g_pate.aggregate_votes
@@ -370,7 +370,7 @@ def test_a_round_uses_whole_disjoint_partitions_label_matched_fakes_and_b_times_
     at most 15 rows steps on its whole partition (its own rows only, disjoint from the others', the other slots
     masked) and one holding more on 15 of them, against fakes carrying its rows' labels, and the ledger charges
     exactly rounds x 15 x k queries."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     seen: list[tuple[torch.Tensor, torch.Tensor, list[set[int]], int]] = []
     batch_fn = KeyedPartitions.batch
@@ -411,7 +411,7 @@ def test_teacher_fakes_shows_each_teacher_r_label_matched_fakes_per_real_row_at_
     """``method.teacher_fakes=3``: every teacher's step reads its 15 real rows against 45 fakes, the j-th real row's
     label on fakes j, j+15, j+30, from 45 distinct latents; the generator batch and the ledger's queries stay those of
     ``teacher_fakes=1`` (fakes are G's output: no query, no cost)."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     seen: list[tuple[torch.Size, torch.Size, bool, int]] = []
     train_step = TeacherEnsemble.train_step
@@ -434,7 +434,7 @@ def test_teacher_fakes_shows_each_teacher_r_label_matched_fakes_per_real_row_at_
 
 def test_small_partitions_keep_the_generator_batch(make_cfg, tmp_path) -> None:
     """Partitions under 15 rows (600 rows / 100 teachers = 6): G keeps batch_size, the teachers take 6 rows."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     result = run(make_cfg(*ROUND, "eps=5", "method.teachers=100", "method.batch_size=8"), tmp_path / "run")
     prov = result["sample_provenance"]
@@ -468,7 +468,7 @@ def test_an_unanswered_coordinate_contributes_zero_and_pays_only_the_threshold()
 
 @pytest.mark.parametrize("aggregate", ["mean", "projected", "vote"])
 def test_eps_inf_aggregates_are_the_ladder_rungs(make_cfg, tmp_path, aggregate: str) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     result = run(make_cfg(*ROUND, "eps=inf", f"method.inf_aggregate={aggregate}"), tmp_path / "run")
     (event,) = result["privacy_events"]
@@ -520,7 +520,7 @@ FIRST_RUNG = ("method=g_pate", "dataset=digits", "eps=inf", "method.inf_aggregat
 def test_the_ladder_s_first_rung_learns_classes_on_a_small_problem(make_cfg, tmp_path) -> None:
     """eps=inf with the teachers' mean gradient (rung 1 of README's ladder) on digits: the samples carry their
     classes, far above chance (0.1), on every seed."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     for seed in (1, 2):
         result = run(make_cfg(*FIRST_RUNG, f"seed={seed}"), tmp_path / f"run{seed}")
@@ -554,7 +554,7 @@ def test_the_generator_learning_rate_is_the_validation_choice_on_fmnist_private_
 def test_output_frequencies_keeps_the_generator_s_logits_in_the_low_band(make_cfg, tmp_path) -> None:
     """``method.output_frequencies=m``: G's logits are projected on the m x m lowest DCT frequencies before the
     sigmoid, in training and in the released samples; without it (the paper) they are not."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.nets.dcgan import CondDCGANGenerator
 
     basis = g_pate.dct_basis((1, 28, 28), 5)
@@ -587,7 +587,7 @@ def test_output_frequencies_keeps_the_generator_s_logits_in_the_low_band(make_cf
 def test_the_ema_generator_is_released_and_survives_a_crash(make_cfg, tmp_path, monkeypatch) -> None:
     """``method.ema``: the samples come from an EMA of G (not G itself), and a run that crashes and resumes releases
     the same EMA as one that does not (the average is checkpointed with G)."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     over = (*SMOKE, "eps=1", "method.checkpoint_every=2", "metrics.names.image=[]", "metrics.n_samples=50")
 
@@ -612,7 +612,7 @@ def test_the_ema_generator_is_released_and_survives_a_crash(make_cfg, tmp_path, 
 def test_the_generator_lr_decays_linearly_after_its_start_and_resumes_the_same(make_cfg, tmp_path, monkeypatch) -> None:
     """``method.lr_g_decay_start``: lr_g is constant until that share of the round cap, then falls linearly towards
     0 (never 0 on a round that steps); the optimiser steps with it; a crashed run resumes on the same schedule."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     assert [g_pate.lr_decay(s, 10, None) for s in (0, 5, 9)] == [1.0, 1.0, 1.0]
     np.testing.assert_allclose([g_pate.lr_decay(s, 10, 0.5) for s in range(10)],

@@ -266,7 +266,7 @@ def test_gs_wgan_runs_end_to_end_and_resumes_without_charging_twice(make_cfg, tm
     """Crash in iteration 4 (checkpoint every 2): the journal has the 4 iterations charged; the re-run resumes at
     iteration 2 from the checkpoint, keeps iterations 3 and 4 charged (their releases happened), and stops when 5
     are charged: 3 generator iterations in the released G, 5 charged once each (its 4 releases sharing the critic)."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     over = (*SMOKE, "eps=1", "method.checkpoint_every=2")
     original = gs_wgan.generator_step
@@ -333,7 +333,7 @@ def test_a_private_run_publishes_neither_the_critic_drawn_nor_its_w_estimate(mak
     reach the logs or result.json of a private run."""
     import logging
 
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     with caplog.at_level(logging.INFO, logger="dpsyn.methods.gs_wgan"):
         result = run(make_cfg(*SMOKE, "eps=1", "metrics.names.image=[]", "metrics.n_samples=20"), tmp_path / "run")
@@ -460,7 +460,7 @@ def test_the_warm_start_chunk_reaches_the_warm_start_and_may_change_on_resume(ma
                                                                              monkeypatch) -> None:
     """method.warm_start_chunk is handed to warm_start; since it changes the speed only, a run killed after its warm
     start resumes under another chunk (a resume_free_key) and does not warm up again."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     chunks = []
     original_ws = gs_wgan.warm_start
@@ -480,7 +480,7 @@ def test_the_warm_start_charges_nothing_and_releases_no_critic(make_cfg, tmp_pat
     """A private run with a warm start: during it no noise is drawn and the ledger does not change; the run's ledger
     is exactly the main run's releases (as without a warm start); the critics are never among the method's fitted
     (published) attributes, only in the checkpoint as unreleased; a resumed run does not warm-start again."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     calls = []
     original_ws, original_gm = gs_wgan.warm_start, gs_wgan.gaussian_mechanism

@@ -187,10 +187,10 @@ def _cfg(tmp_path: Path, cache_dir: Path, run_dir: Path, overrides: tuple[str, .
 
 def _run(cfg: DictConfig, run_dir: Path, monkeypatch: pytest.MonkeyPatch, *, drop: int | None,
          clipping: bool) -> dict[str, Any]:
-    """``dpsyn.cli.train.run`` with the loaded private split short of its row ``drop`` (an index; None: none)."""
+    """``dpsyn.task.run`` with the loaded private split short of its row ``drop`` (an index; None: none)."""
     import dpsyn.data
     import dpsyn.metrics
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.methods import METHODS
     from dpsyn.methods.base import Method
 
@@ -412,7 +412,7 @@ def test_partitioned_methods_publish_nothing_private_whichever_row_is_removed(me
 @pytest.mark.slow
 @pytest.mark.parametrize("method", list(REFERENCES))
 def test_references_declare_themselves_non_private(method: str, tmp_path: Path, cache_dir: Path) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     run_dir = tmp_path / "run"
     result = run(_cfg(tmp_path, cache_dir, run_dir, REFERENCES[method]), run_dir)

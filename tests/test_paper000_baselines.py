@@ -27,7 +27,7 @@ FAST = {
 
 
 def _run(make_cfg, tmp_path: Path, method: str, *over: str) -> dict[str, Any]:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     run_dir = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
     return run(make_cfg(f"method={method}", *SMOKE, *FAST[method], *over), run_dir)
@@ -163,9 +163,9 @@ def test_feature_gan_discriminator_sees_private_features_only_in_dp_steps(make_c
 
     monkeypatch.setattr(feature_gan.FeatureGANModule, "training_step", training_step)
     # the fitted-state checkpoint (tests/test_crash_safety.py) would pickle D with this test's local hook
-    monkeypatch.setattr("dpsyn.cli.train.save_fitted_state", lambda *a, **k: False)
+    monkeypatch.setattr("dpsyn.task.save_fitted_state", lambda *a, **k: False)
     cfg = make_cfg("method=dp_gan_ft", "eps=1", *SMOKE, *FAST["dp_gan_ft"])
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     result = run(cfg, tmp_path / "run")
 
@@ -243,7 +243,7 @@ def test_feature_gan_resumes_a_crashed_dp_stage_without_spending_twice(make_cfg,
     """Crash before DP step 8 of 8 (checkpoint every 3): the re-run skips the public pretraining, resumes the DP
     stage at step 6, and the ledger charges the 8 planned steps once; another calibration or pretraining is
     refused."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.lit import feature_gan
     from dpsyn.privacy import dpsgd_epsilon
 
@@ -298,7 +298,7 @@ def test_dp_gan_ft_resumes_a_crashed_public_pretraining(make_cfg, tmp_path, monk
     """Crash before pretraining step 8 of 10 (checkpoint every 3): nothing is charged, the re-run continues the
     pretraining at step 6. Crash again before the first DP checkpoint: the next run loads the finished pretraining
     instead of redoing it and runs the DP stage."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.lit import feature_gan
 
     over = ("method=dp_gan_ft", *SMOKE, *FAST["dp_gan_ft"], *RESUME)

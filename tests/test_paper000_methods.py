@@ -241,7 +241,7 @@ def test_label_helpers_map_names_and_nearest_centroids() -> None:
 )
 @pytest.mark.slow  # the run itself is covered by test_all_methods; this adds the metrics on fmnist_shoes
 def test_each_method_runs_end_to_end_on_fmnist_shoes(make_cfg, tmp_path: Path, method: str, extra: tuple) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from dpsyn.results.io import read_json
 
     cfg = make_cfg(f"method={method}", "dataset=fmnist_shoes", "eps=1", "dataset.n_private=900", *TINY_PUBLIC, *extra)

@@ -246,7 +246,7 @@ def test_under_the_renyi_filter_an_unanswered_label_pays_only_the_threshold(make
 
 
 def test_pate_gan_runs_end_to_end_on_images(make_cfg, tmp_path) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     # fmnist_shoes: acc's classifier is scored on its 3k eval images (fmnist's: 10k); acc is the one metric read
     result = run(make_cfg("method=pate_gan", "dataset=fmnist_shoes", *TINY, "method.teachers=20", "eps=1",
@@ -262,7 +262,7 @@ def test_pate_gan_runs_end_to_end_on_images(make_cfg, tmp_path) -> None:
 
 
 def test_pate_gan_runs_end_to_end_on_a_table(make_cfg, tmp_path) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     result = run(make_cfg("method=pate_gan", "dataset=breast_cancer", *TINY, "eps=2", "method.sigma_threshold=30",
                           "method.sigma=20", "method.class_ratio_epsilon=0.05", "metrics.n_samples=200"),
@@ -381,7 +381,7 @@ def test_a_crashed_run_resumes_without_spending_twice(make_cfg, tmp_path, monkey
 
 def test_a_resumed_table_run_reuses_its_class_ratio_release(make_cfg, tmp_path, monkeypatch) -> None:
     """A crash after the Laplace release: the re-run charges that release once and draws no new noise."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     over = ("method=pate_gan", "dataset=breast_cancer", *TINY, "eps=2", "method.sigma_threshold=30", "method.sigma=20",
             "method.class_ratio_epsilon=0.05", "method.checkpoint_every=2", "metrics.names.table=[]",

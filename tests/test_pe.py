@@ -346,7 +346,7 @@ def test_icgan_variation_moves_further_with_the_degree() -> None:
 
 
 def test_pe_runs_end_to_end_and_stays_within_budget(make_cfg, tmp_path: Path) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     cfg = make_cfg("method=pe", "dataset=fmnist_shoes", "eps=1", *TINY_PUBLIC, *TINY_PE)
     result = run(cfg, tmp_path / "run")
@@ -365,7 +365,7 @@ def test_pe_runs_end_to_end_and_stays_within_budget(make_cfg, tmp_path: Path) ->
 
 
 def test_pe_conditional_with_dp_class_counts(make_cfg, tmp_path: Path) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     cfg = make_cfg("method=pe", "dataset=fmnist_shoes", "eps=1", *TINY_PUBLIC, *TINY_PE, "method.conditional=true",
                    "method.class_proportions=dp", "method.lookahead=0", *UNSCORED)
@@ -382,7 +382,7 @@ class _Killed(RuntimeError):
 
 @pytest.mark.parametrize("stage", [pytest.param("after_iteration", marks=pytest.mark.slow), "after_histogram"])
 def test_resume_after_a_kill_continues_with_the_same_ledger(make_cfg, tmp_path: Path, monkeypatch, stage) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     cfg = make_cfg("method=pe", "dataset=fmnist_shoes", "eps=1", *TINY_PUBLIC, *TINY_PE, *UNSCORED,
                    "privacy.deterministic_noise=true")
@@ -433,7 +433,7 @@ def test_resume_after_a_kill_continues_with_the_same_ledger(make_cfg, tmp_path: 
 
 
 def test_resume_refuses_another_calibration(make_cfg, tmp_path: Path, monkeypatch) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     cfg = make_cfg("method=pe", "dataset=fmnist_shoes", "eps=1", *TINY_PUBLIC, *TINY_PE, *UNSCORED)
     real_log = pe_method.PE._log_iteration
@@ -453,7 +453,7 @@ def test_resume_refuses_another_calibration(make_cfg, tmp_path: Path, monkeypatc
 
 
 def test_pe_config_errors_name_the_key(make_cfg, tmp_path: Path) -> None:
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     for override, key in (("method.backend=gan", "method.backend"), ("method.degrees=[0.5,1.5]", "degree"),
                           ("method.selection=best", "method.selection")):

@@ -163,7 +163,7 @@ def test_the_search_space_is_drawn_from_hydra_sweep_syntax() -> None:
 def test_a_trial_score_is_the_noised_count_recorded_before_release() -> None:
     from omegaconf import OmegaConf
 
-    from dpsyn.private_tuning import trial_score
+    from dpsyn.trial import trial_score
 
     cfg = OmegaConf.create({"tuning": {"score_noise_multiplier": 4.0}, "privacy": {"deterministic_noise": True},
                             "seed": 3})
@@ -218,7 +218,7 @@ def test_a_private_search_publishes_only_the_best_trial_and_reads_the_eval_split
 
 def _no_trial_may_run(monkeypatch) -> None:
     """Make drawing K or running a trial fail the test: a refusal must come before both."""
-    import dpsyn.cli.train as train
+    import dpsyn.task as task
     import dpsyn.privacy.tuning as tuning
 
     def drawn(**_: object) -> int:
@@ -228,7 +228,7 @@ def _no_trial_may_run(monkeypatch) -> None:
         raise AssertionError("a trial ran before the search space was checked")
 
     monkeypatch.setattr(tuning, "draw_trial_count", drawn)
-    monkeypatch.setattr(train, "run", ran)
+    monkeypatch.setattr(task, "run", ran)
 
 
 @pytest.mark.parametrize("method, key, spec, why", [
@@ -289,7 +289,7 @@ def test_a_value_the_trials_would_refuse_is_refused_before_k_is_drawn(make_cfg, 
 
 def test_a_space_of_settings_outside_the_accounting_runs_every_trial(make_cfg, tmp_path: Path, monkeypatch) -> None:
     """Learning rates, the clip norm, widths and d_steps pass the check; the search runs its K trials as before."""
-    import dpsyn.cli.train as train
+    import dpsyn.task as task
     import dpsyn.privacy.tuning as tuning
     from dpsyn.private_tuning import check_space, parse_space, private_search
 
@@ -315,7 +315,7 @@ def test_a_space_of_settings_outside_the_accounting_runs_every_trial(make_cfg, t
     space = {"method.lr_d": "tag(log, interval(1e-4, 1e-2))", "method.max_grad_norm": "choice(0.5, 1.0, 2.0)",
              "method.ndf": "choice(16, 32)", "method.d_steps": "range(1, 4)"}
     monkeypatch.setattr(tuning, "draw_trial_count", spy)
-    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(task, "run", fake_run)
     cfg = _search_cfg(make_cfg, "tuning.mean_trials=6", "tuning.trials_shape=1", "tuning.trial_eps=0.1", "eps=10")
     with open_dict(cfg):
         cfg.tuning.space = space
@@ -351,7 +351,7 @@ def test_a_curve_that_differs_anyway_is_reported_as_a_dpsyn_bug(make_cfg, tmp_pa
     tunable (simulated here), it says it is a bug, names neither the trial nor its settings, and releases nothing."""
     import dataclasses
 
-    import dpsyn.cli.train as train
+    import dpsyn.task as task
     from dpsyn.config import METHOD_FACTS
     from dpsyn.private_tuning import private_search
 
@@ -370,7 +370,7 @@ def test_a_curve_that_differs_anyway_is_reported_as_a_dpsyn_bug(make_cfg, tmp_pa
                                    label="D").to_dict(), GaussianEvent(noise_multiplier=20.0, label="s").to_dict()]
         return {"privacy_events": ev, "metrics": {"dp_score": 0.5}}
 
-    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(task, "run", fake_run)
     cfg = _search_cfg(make_cfg, "tuning.mean_trials=20", "tuning.trials_shape=1", "tuning.trial_eps=0.1", "eps=10")
     with open_dict(cfg):
         cfg.tuning.space = {"method.batch_size": "choice(16, 32, 64, 128)"}
@@ -392,7 +392,7 @@ _RUN = ("trainer=debug", "logger=none", "eps=1", "privacy.deterministic_noise=tr
 def _curve(make_cfg, tmp_path: Path, method: str, *extra: str):
     """The privacy curve (events_rdp of the ledger's events) of the tiny run of ``method`` with ``extra``; for a
     ledger without one (an approximate-DP event with delta > 0), its events without their labels."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
     from tests.tiny import TINY
 
     result = run(make_cfg(*_RUN, *TINY[method], *extra), tmp_path / f"run-{len(list(tmp_path.iterdir()))}")
@@ -481,7 +481,7 @@ def test_no_tunable_key_changes_the_curve_so_the_after_trial_check_is_unreachabl
 
 
 def test_a_search_over_its_target_stops_after_the_first_trial(make_cfg, tmp_path: Path, monkeypatch) -> None:
-    import dpsyn.cli.train as train
+    import dpsyn.task as task
     from dpsyn.private_tuning import private_search
 
     calls = []
@@ -494,7 +494,7 @@ def test_a_search_over_its_target_stops_after_the_first_trial(make_cfg, tmp_path
                                    label="D").to_dict()]
         return {"privacy_events": ev, "metrics": {"dp_score": 0.5}}
 
-    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(task, "run", fake_run)
     cfg = _search_cfg(make_cfg, "tuning.mean_trials=20", "tuning.trials_shape=1", "tuning.trial_eps=1", "eps=1")
     with pytest.raises(ConfigError, match="lower tuning.trial_eps"):
         private_search(cfg, tmp_path / "s" / "run")
@@ -537,7 +537,7 @@ def test_bad_search_settings_are_refused_before_any_trial(make_cfg, tmp_path: Pa
 
 
 def test_the_trial_with_the_highest_dp_score_is_the_one_published(make_cfg, tmp_path: Path, monkeypatch) -> None:
-    import dpsyn.cli.train as train
+    import dpsyn.task as task
     from dpsyn.private_tuning import private_search
 
     scores = [0.2, 0.9, 0.5, 0.7]
@@ -554,7 +554,7 @@ def test_the_trial_with_the_highest_dp_score_is_the_one_published(make_cfg, tmp_
                 "sample_provenance": {"trial": i}, "timings": {"fit_s": 1.0},
                 "metric_info": {"dp_score": {"n_validation": 144}}}
 
-    monkeypatch.setattr(train, "run", fake_run)
+    monkeypatch.setattr(task, "run", fake_run)
     cfg = _search_cfg(make_cfg, "tuning.mean_trials=6", "tuning.trials_shape=1")
     result = private_search(cfg, tmp_path / "run")
     assert len(calls) >= 3  # the seeded (deterministic) draw of K here; the best is not the first

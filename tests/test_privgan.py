@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpsyn.cli.train import run
+from dpsyn.task import run
 from dpsyn.methods.privgan import split_owners
 
 

@@ -146,7 +146,7 @@ def test_corrupt_files_raise_data_format_error(tmp_path: Path, mutate, phrase: s
 
 def test_real_run_on_kaggle_credit_scores_auroc(make_cfg, tmp_path: Path) -> None:
     """train.py's run end to end on the tiny file: method=real, the tabular AUROC metric on the eval rows."""
-    from dpsyn.cli.train import run
+    from dpsyn.task import run
 
     csv = tmp_path / "cc.csv"
     write_creditcard_csv(csv)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dpsyn.cli.train import format_summary, run
+from dpsyn.cli.train import format_summary
+from dpsyn.task import run
 from dpsyn.paths import REPO_DIR
 from dpsyn.privacy import BudgetExceededError, PrivacyLedger
 from dpsyn.results.io import read_json
@@ -122,7 +123,7 @@ def _twin(sweep: Path, method: str, eps: str, overrides: list[str], spent: float
 
 
 def test_eps_free_cell_reuses_its_twin_at_another_eps(make_cfg, tmp_path: Path) -> None:
-    from dpsyn.cli.train import reuse_eps_free_result
+    from dpsyn.task import reuse_eps_free_result
     from dpsyn.methods import METHODS
 
     assert not METHODS.get("real").output_depends_on_eps()
@@ -146,7 +147,7 @@ def test_eps_free_cell_reuses_its_twin_at_another_eps(make_cfg, tmp_path: Path) 
 
 
 def test_no_reuse_across_other_overrides_budgets_or_eps_dependent_methods(make_cfg, tmp_path: Path) -> None:
-    from dpsyn.cli.train import reuse_eps_free_result
+    from dpsyn.task import reuse_eps_free_result
 
     sweep = tmp_path / "sweep"
     _twin(sweep, "real", "inf", ["method=real", "eps=inf", "metrics.n_samples=10"])
@@ -179,12 +180,12 @@ def test_missing_data_is_one_clear_line_not_a_traceback(cli_env: dict[str, str],
 def test_the_code_recorded_is_the_code_at_the_start_of_the_run(make_cfg, tmp_path: Path, monkeypatch) -> None:
     """HEAD can move while a long run trains (a commit beside it): result.json names the commit the run started
     from, and whether tracked files differed from it then."""
-    import dpsyn.cli.train as train
+    import dpsyn.task as task
     import dpsyn.metrics
 
     head = ["a" * 40]
-    monkeypatch.setattr(train, "_git_sha", lambda: head[0])
-    monkeypatch.setattr(train, "_git_dirty", lambda: True)
+    monkeypatch.setattr(task, "git_sha", lambda: head[0])
+    monkeypatch.setattr(task, "git_dirty", lambda: True)
     evaluate = dpsyn.metrics.evaluate
 
     def commit_during_the_run(*args, **kwargs):

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dpsyn.config import ACCOUNTANTS, METHOD_FACTS, ConfigError, hydra_error_line, validate
+from dpsyn.config import ACCOUNTANTS, METHOD_FACTS, ConfigError, hydra_error_line, load_group, validate
 from dpsyn.paths import CONF_DIR
 
 __all__ = ["ConfigError", "check_composed", "check_delta", "check_eps", "group_options", "preflight"]
@@ -33,7 +33,7 @@ def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str]:
 
 def datasets_with_public(conf_dir: Path = CONF_DIR) -> list[str]:
     """Datasets whose config names a public source."""
-    return [d for d in group_options("dataset", conf_dir) if OmegaConf.load(conf_dir / "dataset" / f"{d}.yaml").get("public")]
+    return [d for d in group_options("dataset", conf_dir) if load_group("dataset", d, conf_dir).get("public")]
 
 
 def check_eps(value: Any) -> float:
@@ -83,7 +83,7 @@ def check_composed(cfg: Any) -> None:
             f"allowed: {', '.join(datasets_with_public())}"
         )
     if cfg.dataset.kind not in facts.kinds:
-        allowed = [d for d in group_options("dataset") if OmegaConf.load(CONF_DIR / "dataset" / f"{d}.yaml").kind in facts.kinds]
+        allowed = [d for d in group_options("dataset") if load_group("dataset", d).kind in facts.kinds]
         raise ConfigError(
             f"dataset={cfg.dataset.name}: method {cfg.method.name} supports {'/'.join(facts.kinds)} data "
             f"only; allowed: {', '.join(allowed)}"

@@ -36,7 +36,7 @@ def _metrics_group(name: str) -> Any:
 
 def rescore(run_dir: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """Re-run the metrics on ``run_dir``'s samples and update its ``result.json``; returns the updated record."""
-    from dpsyn.cli.train import _family_loader
+    from dpsyn.task import family_loader
     from dpsyn.data import load_dataset
     from dpsyn.methods import Samples
     from dpsyn.metrics import evaluate
@@ -71,7 +71,7 @@ def rescore(run_dir: str | Path, overrides: list[str] | None = None) -> dict[str
         y = z["y"] if z["y"].size else None
         samples = Samples(z["x"], y, {"loaded_from": str(run_dir / "samples.npz")})
     values, timings, info = evaluate(samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir, seed=int(cfg.seed),
-                                     load_family=_family_loader(cfg))
+                                     load_family=family_loader(cfg))
     result = read_json(run_dir / "result.json")
     result["metrics"] = {**result.get("metrics", {}), **values}
     result["metric_info"] = {**result.get("metric_info", {}), **info}

@@ -97,14 +97,14 @@ def pretrain_evalnet(cfg: DictConfig) -> dict[str, Any]:
     """Load or train (``ship=true``: train afresh and ship) the evaluation network of the family ``cfg.evalnet``."""
     from pathlib import Path
 
-    from dpsyn.cli.train import _family_loader
+    from dpsyn.task import family_loader
     from dpsyn.metrics.evalnet import load_or_train_evalnet, ship_evalnet
 
     family = str(cfg.evalnet)
     options = sorted(p.stem for p in (CONF_DIR / "dataset").glob("*.yaml"))
     if family not in options:
         raise ValueError(f"evalnet={family!r}: no such dataset config; allowed: {', '.join(options)}")
-    data = _family_loader(cfg)(family)
+    data = family_loader(cfg)(family)
     if data.kind != "image":
         raise ValueError(f"evalnet={family!r}: evaluation networks are for image datasets, {family} is {data.kind}")
     if data.family != family:

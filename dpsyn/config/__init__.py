@@ -176,7 +176,7 @@ def _walk(node: Any, schema: type, prefix: str, root: Any = None) -> None:
         if sub and isinstance(value, DictConfig):
             _walk(value, sub[0], key, root)
             continue
-        rules = dict(fld.metadata)
+        rules = {k: v for k, v in fld.metadata.items() if k != "help"}
         if value is None or not rules:
             continue
         if isinstance(value, ListConfig) or isinstance(value, list):

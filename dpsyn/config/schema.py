@@ -3,7 +3,12 @@
 Each ``conf/<group>/*.yaml`` extends its schema through its defaults list (``/schema/<group>/<name>@_here_``), so
 Hydra checks types and unknown keys at compose time, and :func:`dpsyn.config.validate` checks the ranges declared
 here (field metadata: ``ge``, ``gt``, ``le``, ``lt``, ``choices``, ``items`` for list elements, ``nonempty``) and
-each schema's ``check`` (cross-field rules). This module imports neither torch nor a method module: the preflight
+each schema's ``check`` (cross-field rules).
+
+The defaults are stated here, once: a yaml sets only what differs from its schema (a dataset's name and shape, a
+trainer's accelerator), so a method's yaml is its description and its defaults list. Each field's ``help`` (metadata)
+says what it does and, where a paper's setting differs from the embedded default, what the paper used; docs/config.md
+is generated from them (``make docs``). This module imports neither torch nor a method module: the preflight
 runs on it alone.
 
 Facts the preflight needs about a method before importing it (dataset kinds, whether it needs public data) are in
@@ -21,7 +26,8 @@ from typing import Any, Dict, List, Optional
 
 
 def f(default: Any = None, **rules: Any) -> Any:
-    """A field with its ``default`` and its range ``rules`` (see the module docstring)."""
+    """A field with its ``default``, its range ``rules`` and its ``help`` (``help="..."``: the one-line description
+    docs/config.md shows; see the module docstring)."""
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=rules)
     return field(default=default, metadata=rules)
@@ -96,107 +102,196 @@ class ICGANNonPrivateSchema(MethodSchema):
 @dataclass
 class PublicUniformSchema(MethodSchema):
     name: str = "public_uniform"
-    public_pool: Optional[int] = f(None, **POSITIVE)
-    other_classes: str = f("nearest", choices=("nearest", "exclude"))
+    public_pool: Optional[int] = f(
+        None, **POSITIVE,
+        help="public rows (seeded subsample) to draw from; null = the whole public split")
+    other_classes: str = f(
+        "nearest", choices=("nearest", "exclude"),
+        help="drawn public rows of non-private classes: nearest (public centroid's label) | exclude")
 
 
 @dataclass
 class DPGANSchema(MethodSchema):
     name: str = "dp_gan"
-    epochs: int = f(1, **POSITIVE)
-    batch_size: int = f(128, **POSITIVE)
-    max_grad_norm: float = f(1.0, **GT0)
+    epochs: int = f(
+        1, **POSITIVE,
+        help="passes over the private data (the trainer's max_epochs overrides, e.g. trainer=debug)")
+    batch_size: int = f(128, **POSITIVE, help="expected Poisson batch size; sample rate = batch_size / n_private")
+    max_grad_norm: float = f(1.0, **GT0, help="per-sample clipping bound C of the discriminator's gradient")
     lr_g: float = f(2.0e-4, **GT0)
     lr_d: float = f(2.0e-4, **GT0)
     beta1: float = f(0.5, **ADAM_BETA)
     z_dim: int = f(64, **POSITIVE)
     ngf: int = f(32, **POSITIVE)
     ndf: int = f(32, **POSITIVE)
-    grad_sample_mode: str = f("fused", choices=("fused", "hooks", "functorch"))
-    dpsgd_step: str = f("paired", choices=("paired", "split"))
-    split_fake_rows: Optional[int] = f(None, ge=2)
-    d_steps: int = f(1, **POSITIVE)
-    checkpoint_every: int = f(100, **NON_NEGATIVE)
-    table_g_hidden: List[int] = f([64, 64], **WIDTHS)
-    table_d_hidden: List[int] = f([64, 64], **WIDTHS)
-    class_ratio_epsilon: float = f(0.01, **GT0)
+    grad_sample_mode: str = f(
+        "fused", choices=("fused", "hooks", "functorch"),
+        help="per-sample gradients: fused (dpsyn.lit.fused_grad_sample: the paired step of the DCGAN discriminator in"
+             " one pass; elsewhere Opacus's hooks) | hooks | functorch (Opacus); the same gradients, at different "
+             "costs (make bench prints each mode's)")
+    dpsgd_step: str = f(
+        "paired", choices=("paired", "split"),
+        help="paired: real/fake rows clipped together (Opacus's DCGAN example); split: real rows clipped + noised, "
+             "split_fake_rows fake rows clipped per row and added (docs/speed.md)")
+    split_fake_rows: Optional[int] = f(
+        None, ge=2,
+        help="split only: the fixed number of fake rows per step (null: batch_size)")
+    d_steps: int = f(
+        1, **POSITIVE,
+        help="discriminator steps per generator step (DPImageBench's d_updates: 5); every one is a DP release the "
+             "ledger charges, the generator steps after each d_steps-th")
+    checkpoint_every: int = f(
+        100, **NON_NEGATIVE,
+        help="discriminator steps between checkpoints (run_dir/checkpoints/last.ckpt); 0 = none")
+    table_g_hidden: List[int] = f(
+        [64, 64], **WIDTHS,
+        help="tables only (dataset kind \"table\"; G-PATE's Kaggle Credit protocol, paper 002 Sec. 5): conditional MLP "
+             "generator's hidden widths (z + one-hot label -> rows in [0, 1])")
+    table_d_hidden: List[int] = f([64, 64], **WIDTHS, help="conditional MLP discriminator's hidden widths")
+    class_ratio_epsilon: float = f(
+        0.01, **GT0,
+        help="Laplace release of the class proportions first; DP-SGD is calibrated for eps - this")
 
 
 @dataclass
 class DPGANMISchema(MethodSchema):
     name: str = "dp_gan_mi"
-    epochs: int = f(20, **POSITIVE)
-    batch_size: int = f(128, **POSITIVE)
-    max_grad_norm: float = f(1.0, **GT0)
-    lr_g: float = f(2.0e-4, **GT0)
-    lr_d: float = f(2.0e-4, **GT0)
-    beta1: float = f(0.5, **ADAM_BETA)
-    z_dim: int = f(32, **POSITIVE)
-    hidden: int = f(128, **POSITIVE)
-    layers: int = f(4, ge=2)
-    grad_sample_mode: str = f("hooks", choices=("hooks", "functorch"))
-    dpsgd_step: str = f("paired", choices=("paired", "split"))
-    split_fake_rows: Optional[int] = f(None, ge=2)
-    checkpoint_every: int = f(100, **NON_NEGATIVE)
+    epochs: int = f(
+        20, **POSITIVE,
+        help="passes over the private features in the DP stage (the trainer's max_epochs overrides)")
+    batch_size: int = f(128, **POSITIVE, help="expected Poisson batch size; sample rate = batch_size / n_private")
+    max_grad_norm: float = f(1.0, **GT0, help="per-sample clipping bound C of the discriminator's gradient")
+    lr_g: float = f(2.0e-4, **GT0, help="Adam learning rate of the feature generator (both stages)")
+    lr_d: float = f(2.0e-4, **GT0, help="Adam learning rate of the feature discriminator (both stages)")
+    beta1: float = f(0.5, **ADAM_BETA, help="Adam beta1 (beta2 = 0.999)")
+    z_dim: int = f(32, **POSITIVE, help="latent size of the feature generator")
+    hidden: int = f(
+        128, **POSITIVE,
+        help="width of the hidden layers of both MLPs (256: ~7x slower per DP-SGD step on CPU)")
+    layers: int = f(4, ge=2, help="linear layers per MLP (paper 000: 4)")
+    grad_sample_mode: str = f(
+        "hooks", choices=("hooks", "functorch"),
+        help="Opacus per-sample gradients: hooks | functorch (make bench prints each mode's cost)")
+    dpsgd_step: str = f(
+        "paired", choices=("paired", "split"),
+        help="paired: real/fake rows clipped together (Opacus's DCGAN example); split: real rows clipped + noised, "
+             "split_fake_rows fake rows clipped per row and added (docs/speed.md)")
+    split_fake_rows: Optional[int] = f(
+        None, ge=2,
+        help="split only: the fixed number of fake rows per step (null: batch_size)")
+    checkpoint_every: int = f(
+        100, **NON_NEGATIVE,
+        help="steps between checkpoints (run_dir/checkpoints/: last.ckpt DP stage, pretrain.ckpt); 0 = none")
 
 
 @dataclass
 class DPGANFTSchema(DPGANMISchema):
     name: str = "dp_gan_ft"
-    pretrain_steps: int = f(2000, **NON_NEGATIVE)
-    pretrain_batch_size: int = f(128, **POSITIVE)
-    max_public: Optional[int] = f(None, **POSITIVE)
+    pretrain_steps: int = f(
+        2000, **NON_NEGATIVE,
+        help="non-private discriminator/generator steps on public features (0 = no pretraining)")
+    pretrain_batch_size: int = f(128, **POSITIVE, help="batch size of the public pretraining")
+    max_public: Optional[int] = f(
+        None, **POSITIVE,
+        help="null = all public images; an integer pretrains on a seeded subsample (tests)")
 
 
 @dataclass
 class DPDRESchema(MethodSchema):
     name: str = "dp_dre"
-    hidden: int = f(64, **POSITIVE)
-    epochs: int = f(20, **POSITIVE)
-    batch_size: int = f(256, **POSITIVE)
-    public_batch_size: Optional[int] = f(None, **POSITIVE)
-    lr: float = f(1.0e-3, **GT0)
-    max_grad_norm: float = f(1.0, **GT0)
-    ratio_power: float = f(1.0, **GT0)
-    public_pool: Optional[int] = f(None, **POSITIVE)
-    other_classes: str = f("nearest", choices=("nearest", "exclude"))
+    hidden: int = f(
+        64, **POSITIVE,
+        help="hidden width of the MLP (the paper: \"a simple MLP with a small hidden layer size\")")
+    epochs: int = f(
+        20, **POSITIVE,
+        help="passes over the private data (expected); the trainer's max_epochs overrides (trainer=debug)")
+    batch_size: int = f(
+        256, **POSITIVE,
+        help="expected Poisson batch of private rows; sample rate q = batch_size / n_private")
+    public_batch_size: Optional[int] = f(
+        None, **POSITIVE,
+        help="public rows appended to each clipped batch (null = batch_size: both loss terms balanced)")
+    lr: float = f(1.0e-3, **GT0, help="Adam learning rate")
+    max_grad_norm: float = f(1.0, **GT0, help="per-row gradient clipping bound C of DP-SGD")
+    ratio_power: float = f(
+        1.0, **GT0,
+        help="sampling weights ∝ r^ratio_power (1 = the paper; > 1 sharpens, < 1 flattens)")
+    public_pool: Optional[int] = f(
+        None, **POSITIVE,
+        help="public rows (seeded subsample) to train D on and draw from; null = the whole public split")
+    other_classes: str = f(
+        "nearest", choices=("nearest", "exclude"),
+        help="drawn public rows of non-private classes: nearest (public centroid's label) | exclude")
 
 
 @dataclass
 class DPMGESchema(MethodSchema):
     name: str = "dp_mge"
-    calibration: str = f("classic", choices=("classic", "analytic"))
-    mean_share: float = f(0.5, gt=0, lt=1)
-    conditional: bool = False
-    class_counts: str = f("dp", choices=("dp", "public"))
-    count_share: float = f(0.05, ge=0, lt=1)
+    calibration: str = f(
+        "classic", choices=("classic", "analytic"),
+        help="classic = paper 000's sigma formula for each release's share, basic composition (ledger: approx-DP "
+             "events) analytic = one Balle-Wang calibration for the whole budget, shares composed exactly (ledger: "
+             "Gaussian events)")
+    mean_share: float = f(
+        0.5, gt=0, lt=1,
+        help="the mean's share of the budget (after the counts); the second moment gets the rest (paper: 1/2)")
+    conditional: bool = f(
+        False,
+        help="true = one Gaussian per private class (disjoint sums: parallel composition); false = the paper's")
+    class_counts: str = f(
+        "dp", choices=("dp", "public"),
+        help="per-class counts (conditional only): dp = a Gaussian release | public = declared known")
+    count_share: float = f(
+        0.05, ge=0, lt=1,
+        help="share of (eps, delta) spent on the per-class counts when conditional and class_counts=dp")
 
 
 @dataclass
 class BudgetSplitSchema:
     m1: float = f(0.45, ge=0, le=1)
-    m2: float = f(0.45, ge=0, le=1)
-    counts: float = f(0.1, ge=0, le=1)
+    m2: float = f(0.45, ge=0, le=1, help="0 when moments=m1")
+    counts: float = f(0.1, ge=0, le=1, help="0 when class_counts=public")
 
 
 @dataclass
 class DPMEPFSchema(MethodSchema):
     name: str = "dp_mepf"
-    feature_layers: Any = "auto"  # auto | null | a list of encoder layer names (checked against the encoder)
-    layer_pool: Optional[int] = f(None, **POSITIVE)
-    moments: str = f("m1_and_m2", choices=("m1", "m1_and_m2"))
-    class_conditional: bool = True
-    class_counts: str = f("dp", choices=("dp", "public"))
-    budget_split: BudgetSplitSchema = field(default_factory=BudgetSplitSchema)
-    calibration: str = f("classic", choices=("classic", "analytic"))
-    steps: int = f(1000, **NON_NEGATIVE)
-    batch_size: int = f(120, **POSITIVE)
-    lr: float = f(1.0e-3, **GT0)
-    beta1: float = f(0.5, **ADAM_BETA)
-    z_dim: int = f(64, **POSITIVE)
-    ngf: int = f(32, **POSITIVE)
-    pretrain_steps: int = f(0, **NON_NEGATIVE)
-    max_public: Optional[int] = f(10000, **POSITIVE)
+    feature_layers: Any = f(
+        "auto",
+        help="encoder layers whose activations join h(x) in phi: auto (the embedded encoder's 2 pooled conv blocks) |"
+             " null | [names] (auto | null | a list of encoder layer names (checked against the encoder))")
+    layer_pool: Optional[int] = f(
+        None, **POSITIVE,
+        help="average-pool each 4-D activation to this side first (null = full maps; e.g. 4 for ResNet-50)")
+    moments: str = f(
+        "m1_and_m2", choices=("m1", "m1_and_m2"),
+        help="m1 (mean embedding) | m1_and_m2 (+ element-wise second moment)")
+    class_conditional: bool = f(
+        True,
+        help="per-class embeddings, class-conditional generator (false: one embedding, unlabelled samples)")
+    class_counts: str = f(
+        "dp", choices=("dp", "public"),
+        help="dp (counts released with the Gaussian mechanism) | public (taken as known, not noised)")
+    budget_split: BudgetSplitSchema = field(
+        default_factory=BudgetSplitSchema,
+        metadata={"help": "fractions of (eps, delta) per release; those of the releases made must sum to 1"})
+    calibration: str = f(
+        "classic", choices=("classic", "analytic"),
+        help="Gaussian noise per release: classic (paper 000's formula) | analytic (Balle & Wang 2018)")
+    steps: int = f(
+        1000, **NON_NEGATIVE,
+        help="generator Adam steps on the released embeddings (post-processing; eps=1: at the noise floor)")
+    batch_size: int = f(120, **POSITIVE, help="generated images per step, balanced over the classes")
+    lr: float = f(1.0e-3, **GT0, help="Adam learning rate of the generator")
+    beta1: float = f(0.5, **ADAM_BETA, help="Adam beta1 (beta2 = 0.999)")
+    z_dim: int = f(64, **POSITIVE, help="latent size of the generator")
+    ngf: int = f(32, **POSITIVE, help="width of the DCGAN generator (dpsyn.nets.dcgan)")
+    pretrain_steps: int = f(
+        0, **NON_NEGATIVE,
+        help="optional steps matching the PUBLIC split's (unconditional) embedding first (no privacy cost)")
+    max_public: Optional[int] = f(
+        10000, **POSITIVE,
+        help="public images embedded for that pretraining (seeded subsample; null = all)")
 
     def check(self, node: Any, root: Any = None) -> None:
         if root is not None and math.isinf(float(root.get("eps", 1.0))):
@@ -222,9 +317,11 @@ class PATENoiseSchema(MethodSchema):
     :func:`resolve_pate_noise`)."""
 
     teachers: int = f(1000, **POSITIVE)
-    sigma_threshold: Optional[float] = f(None, **GT0)
-    sigma: Optional[float] = f(None, **GT0)
-    threshold: Optional[float] = f(None, ge=0)
+    sigma_threshold: Optional[float] = f(
+        None, **GT0,
+        help="sigma1 in votes (null = sigma_threshold_ratio x teachers)")
+    sigma: Optional[float] = f(None, **GT0, help="sigma2 in votes (null = sigma_ratio x teachers)")
+    threshold: Optional[float] = f(None, ge=0, help="T in votes (null = threshold_ratio x teachers)")
     sigma_threshold_ratio: Optional[float] = f(None, **GT0)
     sigma_ratio: Optional[float] = f(None, **GT0)
     threshold_ratio: Optional[float] = f(None, ge=0, le=1)
@@ -243,121 +340,320 @@ class PATENoiseSchema(MethodSchema):
 @dataclass
 class GPATESchema(PATENoiseSchema):
     name: str = "g_pate"
-    teachers: int = f(2000, **POSITIVE)
-    projection_dim: int = f(10, **POSITIVE)
-    projection: str = f("gaussian", choices=("gaussian", "dct"))
-    projection_frequencies: int = f(7, **POSITIVE)
-    output_frequencies: Optional[int] = f(None, **POSITIVE)
-    clip: float = f(1.0e-4, **GT0)
-    bins: int = f(10, ge=2)
-    batch_size: int = f(64, **POSITIVE)
-    batch_from_partition: bool = True
-    teacher_batch: Optional[int] = f(None, **POSITIVE)
-    teacher_steps: int = f(1, **POSITIVE)
-    teacher_fakes: int = f(1, **POSITIVE)
-    steps: int = f(500, **POSITIVE)
-    bound: str = f("data_independent", choices=("data_independent", "data_dependent", "renyi_filter"))
-    inf_aggregate: str = f("mean", choices=("mean", "projected", "vote"))
-    latent: str = f("uniform", choices=("uniform", "normal"))
-    z_dim: int = f(50, **POSITIVE)
-    ngf: int = f(32, **POSITIVE)
-    teacher_arch: str = f("auto", choices=("auto", "gpate", "conv", "dcgan", "mlp"))
-    ndf: int = f(4, **POSITIVE)
-    teacher_hidden: int = f(32, **POSITIVE)
-    d_hidden: List[int] = f([32], **WIDTHS)
-    lr_g: float = f(1.0e-3, **GT0)
-    lr_d: float = f(1.0e-3, **GT0)
-    lr_g_decay_start: Optional[float] = f(None, ge=0, lt=1)
+    teachers: int = f(
+        4000, **POSITIVE,
+        help="N teacher discriminators on N disjoint partitions (paper: 4000; 15 rows each on 60k)")
+    projection_dim: int = f(10, **POSITIVE, help="k, random projection dimensions per sample (paper: 10)")
+    projection: str = f(
+        "gaussian", choices=("gaussian", "dct"),
+        help="gaussian (paper: entries N(0, 1/k) over all pixels) | dct (Gaussian directions inside the span of the "
+             "lowest projection_frequencies^2 2-D DCT frequencies per channel: data-independent)")
+    projection_frequencies: int = f(7, **POSITIVE, help="m of projection=dct (m x m frequencies per channel)")
+    output_frequencies: Optional[int] = f(
+        None, **POSITIVE,
+        help="images: G's output kept to its m x m lowest 2-D DCT frequencies per channel (a fixed, data-independent "
+             "low-pass layer after G, in training and sampling); null = none (the paper; fmnist private runs: 7, "
+             "chosen on validation, conf/method_dataset/g_pate_fmnist.yaml)")
+    clip: float = f(
+        1.0e-4, **GT0,
+        help="c, projected gradients clipped to [-c, c] (gradient of the batch-mean loss; paper: 1e-4)")
+    bins: int = f(10, ge=2, help="B, equal bins on [-c, c] (paper: 10)")
+    batch_size: int = f(
+        64, **POSITIVE,
+        help="b, generated samples per round; b*k queries per round (paper: 64, cut to the partition size)")
+    batch_from_partition: bool = f(
+        True,
+        help="b = min(batch_size, partition size) where partitions hold >= 15 rows (the reference code: 15 at 4000 "
+             "teachers on 60k), so every teacher steps on its whole partition each round; smaller partitions (digits,"
+             " tables) keep batch_size for G and min(batch_size, partition) for teachers")
+    teacher_batch: Optional[int] = f(
+        None, **POSITIVE,
+        help="real rows per teacher per round; null = min(b, partition size) (the reference code)")
+    teacher_steps: int = f(1, **POSITIVE, help="teacher Adam steps per generator step (paper: 1)")
+    teacher_fakes: int = f(
+        1, **POSITIVE,
+        help="fakes per real row in a teacher's step (paper: 1, the round's b fakes): r > 1 shows every teacher r*tb "
+             "label-matched fakes from fresh latents (fakes are G's, free of privacy cost)")
+    steps: int = f(
+        200, **POSITIVE,
+        help="maximum generator steps (CPU cap, ~15 min on 2 cores; at eps=1 the budget stops first; fmnist eps >= "
+             "10: 350; fmnist eps < 10: 400, conf/method_dataset/g_pate_fmnist.yaml)")
+    bound: str = f(
+        "data_independent", choices=("data_independent", "data_dependent", "renyi_filter"),
+        help="RDP bound for stopping and for the reported eps: data_independent | renyi_filter (GNMax paid only when "
+             "answered; a true DP bound; fmnist eps < 10) | data_dependent (paper)")
+    inf_aggregate: str = f(
+        "mean", choices=("mean", "projected", "vote"),
+        help="eps=inf: mean (the reference code's non-private aggregation: the teachers' mean gradient) | projected "
+             "(mean of the projected gradients) | vote (DPGradAgg's plain argmax): the ladder of "
+             "docs/papers/long2021.md")
+    latent: str = f("uniform", choices=("uniform", "normal"), help="z ~ U(-1, 1) (the reference code) | normal")
+    z_dim: int = f(50, **POSITIVE, help="(paper: 50 for MNIST)")
+    ngf: int = f(32, **POSITIVE, help="generator width (dpsyn.nets.dcgan.CondDCGANGenerator)")
+    teacher_arch: str = f(
+        "auto", choices=("auto", "gpate", "conv", "dcgan", "mlp"),
+        help="auto (gpate on images, mlp on tables) | gpate (the authors' teacher: conv, conv, fc, the label at every"
+             " layer; dpsyn.nets.ensemble.CondPATETeacher) | conv (label at the first layer only) | dcgan | mlp")
+    ndf: int = f(
+        4, **POSITIVE,
+        help="teacher width: first conv (the second 2 ndf); the authors' ~0.55M-parameter teacher: ndf 21")
+    teacher_hidden: int = f(
+        32, **POSITIVE,
+        help="gpate teachers' fully connected layer (authors: dfc_dim 256); 4 / 32: 13.6k parameters")
+    d_hidden: List[int] = f([32], **WIDTHS, help="teacher hidden widths (mlp)")
+    lr_g: float = f(
+        1.0e-3, **GT0,
+        help="Adam, student generator (paper: 1e-3, beta1 0.5; fmnist eps<inf: 5e-3, method_dataset/)")
+    lr_d: float = f(
+        1.0e-3, **GT0,
+        help="Adam, teachers (paper: 1e-3; fmnist: 3e-3, eps=inf 1e-2, chosen on validation, "
+             "method_dataset/g_pate_fmnist.yaml)")
+    lr_g_decay_start: Optional[float] = f(
+        None, ge=0, lt=1,
+        help="the generator's lr falls linearly from lr_g to 0 over the rounds after this share of the round cap "
+             "(method.steps), e.g. 0.5: constant for the first half; null = constant (the paper)")
     beta1: float = f(0.5, **ADAM_BETA)
-    ema: float = f(0.0, ge=0, lt=1)
-    teacher_chunk: Optional[int] = f(100, **POSITIVE)
-    checkpoint_every: int = f(50, **NON_NEGATIVE)
-    g_hidden: List[int] = f([64, 64], **WIDTHS)
-    class_ratio_epsilon: float = f(0.01, **GT0)
+    ema: float = f(
+        0.0, ge=0, lt=1,
+        help="samples from an EMA of G's weights (max decay; dpsyn.lit.ema, post-processing of the released G, free "
+             "of privacy); 0 = G itself (the paper; fmnist eps >= 10: 0.99, method_dataset/)")
+    teacher_chunk: Optional[int] = f(
+        100, **POSITIVE,
+        help="teachers per batched call; null = all (CPU: 50-200 fastest for conv teachers, make bench)")
+    checkpoint_every: int = f(
+        50, **NON_NEGATIVE,
+        help="generator steps between checkpoints (run_dir/checkpoints/g_pate.pt); 0 = none")
+    g_hidden: List[int] = f(
+        [64, 64], **WIDTHS,
+        help="generator hidden widths on tables (dpsyn.nets.mlp_gan.CondMLPGenerator; images: DCGAN)")
+    class_ratio_epsilon: float = f(
+        0.01, **GT0,
+        help="tables: Laplace release of the class proportions first (paper: 0.01 of eps=1, Sec. 5)")
+    sigma_threshold_ratio: Optional[float] = f(
+        0.75, **GT0,
+        help="the noise as fractions of N (2000 teachers: sigma1 1500, sigma2 500, T 1000 votes); an absolute value "
+             "in votes (method.sigma_threshold=3000 ...), when set, wins over its ratio sigma1 / N, noise on the "
+             "maximum vote count (paper: 3000 = 0.75 N)")
+    sigma_ratio: Optional[float] = f(0.25, **GT0, help="sigma2 / N, GNMax noise on each count (paper: 1000 = 0.25 N)")
+    threshold_ratio: Optional[float] = f(
+        0.5, ge=0, le=1,
+        help="T / N, votes the noisy maximum must reach to answer (paper: 2000 = 0.5 N)")
 
 
 @dataclass
 class PATEGANSchema(PATENoiseSchema):
     name: str = "pate_gan"
-    teachers: int = f(1000, **POSITIVE)
-    batch_size: int = f(32, **POSITIVE)
-    teacher_batch: Optional[int] = f(16, **POSITIVE)
-    teacher_steps: int = f(1, **POSITIVE)
-    student_steps: int = f(1, **POSITIVE)
-    vote_quantile: Optional[float] = f(None, gt=0, lt=1)
-    inf_signal: str = f("student", choices=("student", "teachers"))
-    steps: int = f(500, **POSITIVE)
-    bound: str = f("data_independent", choices=("data_independent", "data_dependent", "renyi_filter"))
-    class_ratio_epsilon: float = f(0.01, **GT0)
-    z_dim: int = f(50, **POSITIVE)
-    ngf: int = f(32, **POSITIVE)
-    g_hidden: List[int] = f([64, 64], **WIDTHS)
-    teacher_arch: str = f("auto", choices=("auto", "gpate", "conv", "dcgan", "mlp"))
-    ndf: int = f(4, **POSITIVE)
-    teacher_hidden: int = f(32, **POSITIVE)
-    d_hidden: List[int] = f([32], **WIDTHS)
-    student_ndf: int = f(32, **POSITIVE)
-    s_hidden: List[int] = f([64, 64], **WIDTHS)
-    lr_g: float = f(2.0e-4, **GT0)
-    lr_s: float = f(2.0e-4, **GT0)
-    lr_d: float = f(1.0e-3, **GT0)
+    teachers: int = f(
+        1000, **POSITIVE,
+        help="N teacher discriminators on N disjoint partitions (60 rows each on fmnist)")
+    batch_size: int = f(
+        32, **POSITIVE,
+        help="b generated samples per step = b queries per step (eps=1: 195 steps, ~1.6 s each on 1 CPU core)")
+    teacher_batch: Optional[int] = f(
+        16, **POSITIVE,
+        help="real rows per teacher per step (of its 60); null = min(batch_size, partition size)")
+    teacher_steps: int = f(1, **POSITIVE, help="teacher Adam steps per generator step")
+    student_steps: int = f(
+        1, **POSITIVE,
+        help="student Adam steps on each step's answered samples (post-processing: free)")
+    vote_quantile: Optional[float] = f(
+        None, gt=0, lt=1,
+        help="teacher i votes \"real\" above this quantile (in (0, 1)) of its logits on the step's generated samples "
+             "(its own cut: sensitivity unchanged); null = above logit 0 (Jordon et al.). See "
+             "docs/papers/long2021.md: neither rule learns classes at eps=inf on the embedded setting yet")
+    inf_signal: str = f(
+        "student", choices=("student", "teachers"),
+        help="what G learns from: student (Algorithm 1) | teachers (eps=inf only: G against the teacher ensemble "
+             "itself, the student unread; not DP, refused at finite eps): the PATE-GAN ladder of "
+             "docs/papers/long2021.md")
+    steps: int = f(
+        500, **POSITIVE,
+        help="maximum generator steps (CPU cap; at eps=1 the budget stops training first: 195 steps)")
+    bound: str = f(
+        "data_independent", choices=("data_independent", "data_dependent", "renyi_filter"),
+        help="RDP bound for stopping and the reported eps: data_independent | renyi_filter | data_dependent")
+    class_ratio_epsilon: float = f(
+        0.01, **GT0,
+        help="tables: Laplace release of the class proportions (G-PATE's protocol), out of eps")
+    z_dim: int = f(50, **POSITIVE, help="latent dimension (images and tables)")
+    ngf: int = f(32, **POSITIVE, help="image generator width (dpsyn.nets.dcgan.CondDCGANGenerator)")
+    g_hidden: List[int] = f(
+        [64, 64], **WIDTHS,
+        help="table generator hidden widths (dpsyn.nets.mlp_gan.CondMLPGenerator; sigmoid output)")
+    teacher_arch: str = f(
+        "auto", choices=("auto", "gpate", "conv", "dcgan", "mlp"),
+        help="auto = conv for images, mlp for tables | gpate (G-PATE's teacher: conv, conv, fc, the label at every "
+             "layer) | conv | dcgan | mlp (as g_pate; tables: mlp only)")
+    ndf: int = f(4, **POSITIVE, help="teacher width (gpate: first conv, the second 2 ndf; conv; dcgan)")
+    teacher_hidden: int = f(
+        32, **POSITIVE,
+        help="gpate teachers' fully connected layer (as g_pate's embedded default)")
+    d_hidden: List[int] = f(
+        [32], **WIDTHS,
+        help="teacher hidden widths (mlp teachers: tables, or images with teacher_arch=mlp)")
+    student_ndf: int = f(32, **POSITIVE, help="image student width (dpsyn.nets.dcgan.CondDCGANDiscriminator)")
+    s_hidden: List[int] = f(
+        [64, 64], **WIDTHS,
+        help="table student hidden widths (dpsyn.nets.mlp_gan.CondMLPDiscriminator)")
+    lr_g: float = f(2.0e-4, **GT0, help="Adam, generator")
+    lr_s: float = f(2.0e-4, **GT0, help="Adam, student")
+    lr_d: float = f(1.0e-3, **GT0, help="Adam, teachers (as g_pate)")
     beta1: float = f(0.5, **ADAM_BETA)
-    teacher_chunk: Optional[int] = f(100, **POSITIVE)
-    checkpoint_every: int = f(50, **NON_NEGATIVE)
+    teacher_chunk: Optional[int] = f(100, **POSITIVE, help="teachers per batched call; null = all")
+    checkpoint_every: int = f(
+        50, **NON_NEGATIVE,
+        help="generator steps between checkpoints (run_dir/checkpoints/pate_gan.pt); 0 = none")
+    sigma_threshold_ratio: Optional[float] = f(
+        0.75, **GT0,
+        help="sigma1 / N, noise on the maximum vote count (1000 teachers: 750 votes)")
+    sigma_ratio: Optional[float] = f(0.5, **GT0, help="sigma2 / N, GNMax noise on each of the 2 counts (500 votes)")
+    threshold_ratio: Optional[float] = f(
+        0.5, ge=0, le=1,
+        help="T / N, votes the noisy maximum must reach to answer (500 votes)")
 
 
 @dataclass
 class GSWGANSchema(MethodSchema):
     name: str = "gs_wgan"
-    critics: int = f(100, **POSITIVE)
-    iterations: int = f(1000, **POSITIVE)
-    batch_size: int = f(32, **POSITIVE)
-    critic_steps: int = f(5, **POSITIVE)
-    clip: float = f(1.0, **GT0)
-    gp_weight: float = f(10.0, **GT0)
-    drift: float = f(1.0e-3, ge=0)
-    lr_g: float = f(1.0e-4, **GT0)
-    lr_d: float = f(1.0e-4, **GT0)
-    beta1: float = f(0.5, **ADAM_BETA)
-    beta2: float = f(0.9, **ADAM_BETA)
-    z_dim: int = f(10, **POSITIVE)
-    ngf: int = f(32, **POSITIVE)
-    ndf: int = f(16, **POSITIVE)
-    ema: float = f(0.99, ge=0, lt=1)
-    clip_at_inf: bool = True
-    bound: str = f("convexity", choices=("convexity", "wang2019", "poisson_argument"))
-    critic_schedule: str = f("round_robin", choices=("round_robin", "drawn"))
-    fresh_steps: int = f(0, **NON_NEGATIVE)
-    checkpoint_every: int = f(100, **NON_NEGATIVE)
-    warm_start_iterations: int = f(50, **NON_NEGATIVE)
-    warm_start_chunk: int = f(1, **POSITIVE)
-    output_frequencies: Optional[int] = f(None, **POSITIVE)
+    critics: int = f(
+        100, **POSITIVE,
+        help="K critics on K disjoint partitions; sample rate 1/K (authors: 1000; fmnist eps=inf: 10, chosen on "
+             "validation, method_dataset/gs_wgan_fmnist.yaml)")
+    iterations: int = f(
+        1000, **POSITIVE,
+        help="generator iterations: one critic trains, one is drawn, one sanitised G step (authors: 20000)")
+    batch_size: int = f(
+        32, **POSITIVE,
+        help="b generated samples = sanitised releases per iteration; critics' real batch too (authors: 32)")
+    critic_steps: int = f(5, **POSITIVE, help="critic Adam steps per iteration (authors: critic_iters 5)")
+    clip: float = f(
+        1.0, **GT0,
+        help="C, per-sample L2 clip of the gradient of -D(x_j) w.r.t. x_j (authors: CLIP_BOUND 1)")
+    gp_weight: float = f(10.0, **GT0, help="lambda of WGAN-GP's gradient penalty (authors: L_gp 10)")
+    drift: float = f(1.0e-3, ge=0, help="weight of mean D(real)^2, the authors' \"epsilon penalty\" (L_epsilon 1e-3)")
+    lr_g: float = f(
+        0.001, **GT0,
+        help="Adam, generator (authors: 1e-4 over 20000 iterations; 1e-3 for the embedded 1000)")
+    lr_d: float = f(0.001, **GT0, help="Adam, each critic (authors: 1e-4)")
+    beta1: float = f(0.5, **ADAM_BETA, help="Adam beta1 (authors: 0.5)")
+    beta2: float = f(0.9, **ADAM_BETA, help="Adam beta2 (authors: 0.9)")
+    z_dim: int = f(10, **POSITIVE, help="Gaussian latent (authors: 10, Bernoulli latent by default)")
+    ngf: int = f(
+        32, **POSITIVE,
+        help="generator width (dpsyn.nets.dcgan.CondDCGANGenerator; authors: a ResNet G, model_dim 64)")
+    ndf: int = f(16, **POSITIVE, help="critic width (dpsyn.nets.ensemble.CondConvTeacher, no normalisation layer)")
+    ema: float = f(
+        0.99, ge=0, lt=1,
+        help="samples from an EMA of G (authors: 0.999 over 20000 iterations); 0 = G itself")
+    clip_at_inf: bool = f(
+        True,
+        help="eps=inf: still clip the per-sample gradient (no noise); false: the raw gradient")
+    bound: str = f(
+        "convexity", choices=("convexity", "wang2019", "poisson_argument"),
+        help="per-iteration bound on one of K critics drawn uniformly (dpsyn.privacy.uniform_choice): convexity (a "
+             "written proof, docs/privacy.md) | wang2019 (Wang, Balle & Kasiviswanathan 2019, cited; looser) | "
+             "poisson_argument (Poisson RDP at rate 1/K: assumed, not proven)")
+    critic_schedule: str = f(
+        "round_robin", choices=("round_robin", "drawn"),
+        help="which critic trains at iteration t: round_robin (critic t mod K, a public schedule, so no critic "
+             "depends on the secret draws) | drawn (the authors' loop: eps=inf only)")
+    fresh_steps: int = f(
+        0, **NON_NEGATIVE,
+        help="extra Adam steps of a throw-away copy of the critic drawn, on its partition, before its release (not "
+             "kept); 0 = the critic as the schedule left it")
+    checkpoint_every: int = f(
+        100, **NON_NEGATIVE,
+        help="iterations between checkpoints (run_dir/checkpoints/gs_wgan.pt); 0 = none")
+    warm_start_iterations: int = f(
+        50, **NON_NEGATIVE,
+        help="non-private pre-training iterations per critic on its own partition, against its own throw-away "
+             "generator; not charged (the critics are never released) (authors: 2000)")
+    warm_start_chunk: int = f(
+        1, **POSITIVE,
+        help="critics warmed up together, each step one torch.func.vmap call over them and their throw-away "
+             "generators: the same critics as one at a time (tested), only the speed differs; 1 = one at a time (on a"
+             " CPU batching gains little, 1.13x at 10: benchmarks/gs_wgan_warm_start.py; for GPUs)")
+    output_frequencies: Optional[int] = f(
+        None, **POSITIVE,
+        help="m: G's output kept to its m x m lowest 2-D DCT frequencies per channel, and the gradient into it "
+             "sanitised (clipped, noised) in those m^2 coefficients, so the noise keeps m^2 of its d dimensions; the "
+             "same mechanism and accounting (dpsyn.nets.lowpass; fmnist's private runs take 7: "
+             "method_dataset/gs_wgan_fmnist.yaml). null = off (the authors)")
 
 
 @dataclass
 class PESchema(MethodSchema):
     name: str = "pe"
-    backend: str = f("icgan", choices=("icgan", "diffusion"))
-    embedding: str = f("encoder", choices=("encoder", "inception"))
-    population: int = f(2000, **POSITIVE)
-    degrees: List[float] = f([0.8, 0.6, 0.5, 0.4, 0.3, 0.25], nonempty=True, items=FRACTION)
-    noise_multiplier: Optional[float] = f(None, **GT0)
-    threshold: float = f(4.0, ge=0)
-    lookahead: int = f(4, **NON_NEGATIVE)
-    num_nearest: int = f(1, **POSITIVE)
-    selection: str = f("sample", choices=("sample", "rank"))
+    backend: str = f(
+        "icgan", choices=("icgan", "diffusion"),
+        help="icgan (paper 000's public IC-GAN: cheap on CPU) | diffusion (public.diffusion: DDIM + SDEdit)")
+    embedding: str = f(
+        "encoder", choices=("encoder", "inception"),
+        help="voting space: encoder (the public encoder h) | inception (InceptionV3, local weights; GPUs)")
+    population: int = f(
+        2000, **POSITIVE,
+        help="N_syn, synthetic samples per iteration (the paper: 50000 on CIFAR-10)")
+    degrees: List[float] = f(
+        [0.8, 0.6, 0.5, 0.4, 0.3, 0.25], nonempty=True, items=FRACTION,
+        help="one variation degree per iteration, in (0, 1], larger = more variation (diffusion: the fraction of the "
+             "noise schedule SDEdit starts from); T = len(degrees) DP histograms. The paper: 20 iterations from "
+             "strong to weak.")
+    noise_multiplier: Optional[float] = f(
+        None, **GT0,
+        help="sigma of every histogram; null = calibrated from eps for T releases (exactly one of the two)")
+    threshold: float = f(
+        4.0, ge=0,
+        help="H: noisy counts below H become 0 (the paper: 10 with sigma 5*sqrt(2) on CIFAR-10)")
+    lookahead: int = f(
+        4, **NON_NEGATIVE,
+        help="k: vote with the mean embedding of k variations (0 = the sample's own; the paper: 8)")
+    num_nearest: int = f(
+        1, **POSITIVE,
+        help="neighbours each private sample votes for (votes weighted 1/sqrt(num_nearest): sensitivity 1)")
+    selection: str = f(
+        "sample", choices=("sample", "rank"),
+        help="sample (i.i.d. draws in proportion to the histogram, the paper) | rank (top rank_keep * N)")
     rank_keep: float = f(0.5, **FRACTION)
-    conditional: bool = False
-    class_proportions: str = f("uniform", choices=("uniform", "public", "dp"))
-    condition: str = f("random_class", choices=("random_class", "none"))
-    feature_noise: float = f(0.5, ge=0)
-    final_degree: Optional[float] = f(None, **FRACTION)
-    public_pool: Optional[int] = f(None, **POSITIVE)
-    other_classes: str = f("nearest", choices=("nearest", "exclude"))
-    knn_backend: str = f("auto", choices=("auto", "faiss", "torch"))
-    nn_index: str = f("auto", choices=("auto", "flat", "ivf", "hnsw"))
-    monitor: bool = True
-    checkpoint: bool = True
+    conditional: bool = f(
+        False,
+        help="true = Alg. 3: class-c private samples vote among class-c synthetic samples only")
+    class_proportions: str = f(
+        "uniform", choices=("uniform", "public", "dp"),
+        help="conditional: uniform | public (private proportions declared public) | dp (one more release)")
+    condition: str = f(
+        "random_class", choices=("random_class", "none"),
+        help="diffusion, unconditional: public condition of new samples: random_class | none")
+    feature_noise: float = f(
+        0.5, ge=0,
+        help="icgan: size of the instance-feature perturbation at degree 1 (its norm is about this). 0.5: at the late"
+             " degrees (0.25-0.3) a variation moves a feature by about one nearest-neighbour spacing of the public "
+             "features (median 1-NN distance 0.14 on fmnist_public, measured on public data only). Chosen on the "
+             "validation split, never the test split: `python train.py -m experiment=tune_pe dataset=fmnist_shoes "
+             "eps=1` (900 held-out private rows, seed 0): validation FD 8.23 / 6.23 / 7.50 / 33.3 at 0.25 / 0.5 / 1.0"
+             " / 2.0 (earlier it had been picked from test-split FD).")
+    final_degree: Optional[float] = f(
+        None, **FRACTION,
+        help="\"unlimited samples\": degree of the extra variations when more samples than N are asked")
+    public_pool: Optional[int] = f(
+        None, **POSITIVE,
+        help="icgan: public rows (seeded subsample) to start from; null = the whole public split")
+    other_classes: str = f(
+        "nearest", choices=("nearest", "exclude"),
+        help="labels of public rows of non-private classes (see public_uniform): nearest | exclude")
+    knn_backend: str = f(
+        "auto", choices=("auto", "faiss", "torch"),
+        help="histogram search: auto (faiss when importable) | faiss | torch")
+    nn_index: str = f(
+        "auto", choices=("auto", "flat", "ivf", "hnsw"),
+        help="faiss index of the histogram search: flat (exact) | ivf | hnsw (approximate; built on the synthetic "
+             "embeddings only, so sensitivity stays 1) | auto (flat below 20000 synthetic samples and on a GPU, ivf "
+             "above on a CPU)")
+    monitor: bool = f(
+        True,
+        help="log each population's FD / precision / recall vs the eval split (never selected on)")
+    checkpoint: bool = f(
+        True,
+        help="<run_dir>/checkpoints/pe.pt after every histogram and iteration; a rerun in it resumes")
 
 
 @dataclass
@@ -370,34 +666,61 @@ class UtilitySchema:
 @dataclass
 class AttackSchema:
     n_members: int = f(500, **POSITIVE)
-    non_member_ratio: int = f(9, **POSITIVE)
-    monte_carlo: int = f(1, ge=0, le=1)
-    mc_components: int = f(40, **POSITIVE)
-    mc_percentile: Optional[float] = f(None, gt=0, le=100)
-    per_owner_utility: int = f(1, ge=0, le=1)
+    non_member_ratio: int = f(
+        9, **POSITIVE,
+        help="non-members per member: random guess = 1/(1+9) = 0.1, as in privGAN's notebooks")
+    monte_carlo: int = f(
+        1, ge=0, le=1,
+        help="also the Monte-Carlo attack (Hilprecht et al. 2019) on the released samples")
+    mc_components: int = f(40, **POSITIVE, help="its PCA dimensions")
+    mc_percentile: Optional[float] = f(
+        None, gt=0, le=100,
+        help="its eps-ball radius: null = median nearest-sample distance; a number = that percentile")
+    per_owner_utility: int = f(
+        1, ge=0, le=1,
+        help="also report acc_owner<k>: a classifier trained on owner k's generator alone")
     utility: UtilitySchema = field(default_factory=UtilitySchema)
 
 
 @dataclass
 class PrivGANSchema(MethodSchema):
     name: str = "privgan"
-    owners: List[float] = f([0.5, 0.5], nonempty=True, items=FRACTION)
-    lam: float = f(1.0, ge=0)
-    dp_delay: int = f(0, **NON_NEGATIVE)
-    dp_pretrain: bool = False
-    dp_pretrain_epochs: int = f(50, **NON_NEGATIVE)
-    per_class: bool = True
-    arch: str = f("mlp", choices=("mlp", "dcgan"))
-    epochs: int = f(20, **POSITIVE)
+    owners: List[float] = f(
+        [0.5, 0.5], nonempty=True, items=FRACTION,
+        help="each owner's fraction of every class's private data (disjoint; sum <= 1)")
+    lam: float = f(
+        1.0, ge=0,
+        help="weight of the central discriminator's term in each generator's loss (privGAN's privacy_ratio)")
+    dp_delay: int = f(
+        0, **NON_NEGATIVE,
+        help="epochs before the central discriminator D_p is updated (microsoft/privGAN: 100 of 500)")
+    dp_pretrain: bool = f(
+        False,
+        help="D_p pretraining on real data: off, as in Rajotte & Ng (real data never leaves its owner)")
+    dp_pretrain_epochs: int = f(50, **NON_NEGATIVE, help="used only with dp_pretrain: true (privGAN's disc_epochs)")
+    per_class: bool = f(
+        True,
+        help="one privGAN per class (the paper's per-digit models); false: one class-conditional privGAN")
+    arch: str = f("mlp", choices=("mlp", "dcgan"), help="mlp (the paper's MLPs) | dcgan")
+    epochs: int = f(20, **POSITIVE, help="the paper: 200 (privGAN) / 250 (GAN) on GPUs")
     batch_size: int = f(256, **POSITIVE)
     lr: float = f(2.0e-4, **GT0)
     beta1: float = f(0.5, **ADAM_BETA)
-    label_smoothing: float = f(0.95, **FRACTION)
+    label_smoothing: float = f(
+        0.95, **FRACTION,
+        help="target of real samples for the owners' discriminators (privGAN)")
     z_dim: int = f(100, **POSITIVE)
-    g_hidden: List[int] = f([256, 512], **WIDTHS)
+    g_hidden: List[int] = f(
+        [256, 512], **WIDTHS,
+        help="the paper's MNIST MLP: 512-512-1024 (generator), 2048-512-256 (discriminator)")
     d_hidden: List[int] = f([512, 256], **WIDTHS)
-    attack: AttackSchema = field(default_factory=AttackSchema)
-    mode: str = f("single", choices=("single", "decentralized"))
+    attack: AttackSchema = field(
+        default_factory=AttackSchema,
+        metadata={"help": "membership attacks on the owners' discriminators (white-box) and on the samples (Monte-"
+                          "Carlo)"})
+    mode: str = f(
+        "single", choices=("single", "decentralized"),
+        help="single (one process) | decentralized (one process per owner; only D_p's updates cross)")
 
     def check(self, node: Any, root: Any = None) -> None:
         owners = [float(x) for x in node.owners]
@@ -507,16 +830,24 @@ class DatasetSchema:
     name: str = "???"
     kind: str = f("image", choices=("image", "table"))
     family: str = "???"
-    resolution: Optional[int] = f(None, **POSITIVE)
-    channels: Optional[int] = f(None, choices=(1, 3))
-    public: Optional[str] = None
-    classes: Optional[List[str]] = f(None, nonempty=True)
-    split_seed: int = f(0, **NON_NEGATIVE)
-    n_private: Optional[int] = f(None, **POSITIVE)
-    download: bool = False
+    resolution: Optional[int] = f(None, **POSITIVE, help="images only")
+    channels: Optional[int] = f(None, choices=(1, 3), help="images only")
+    public: Optional[str] = f(
+        None,
+        help="the private set is the whole train split, so no public data can be disjoint from it")
+    classes: Optional[List[str]] = f(
+        None, nonempty=True,
+        help="null = all 10 classes; a list of names selects (and re-indexes) a subset")
+    split_seed: int = f(0, **NON_NEGATIVE, help="unused here (no split of train); kept for a uniform schema")
+    n_private: Optional[int] = f(
+        None, **POSITIVE,
+        help="null = all; an integer draws that many private examples with the run seed")
+    download: bool = f(False, help="true lets torchvision download the files into ${paths.data_dir}")
     # rows of the private split held out for tuning (metrics.split=validation): a fraction (< 1) or a count;
     # carved only in such runs, so ordinary runs keep their data (dpsyn.data.carve_validation)
-    validation_size: float = f(0.1, gt=0)
+    validation_size: float = f(
+        0.1, gt=0,
+        help="tuning only (metrics.split=validation): private rows held out and scored against")
 
     def check(self, node: Any, root: Any = None) -> None:
         if node.kind == "image" and (node.resolution is None or node.channels is None):
@@ -531,26 +862,32 @@ class DatasetSchema:
 class PublicPoolDatasetSchema(DatasetSchema):
     """Datasets with an optional public pool read from files (cifar10, birds, cars, pets)."""
 
-    n_public: Optional[int] = f(None, **POSITIVE)
+    n_public: Optional[int] = f(
+        None, **POSITIVE,
+        help="with imagenet_val: null = all 50k validation images; an integer reads a seeded subsample")
 
 
 @dataclass
 class CelebADatasetSchema(PublicPoolDatasetSchema):
     """CelebA (celeba_gender, celeba_hair): a centre crop before the resize."""
 
-    crop: Optional[int] = f(108, **POSITIVE)
+    crop: Optional[int] = f(
+        108, **POSITIVE,
+        help="centre crop side in pixels before the resize (null = the shorter side)")
 
 
 @dataclass
 class EvalSplitDatasetSchema(DatasetSchema):
     """Datasets whose eval split is cut from one set (digits, breast_cancer)."""
 
-    eval_fraction: float = f(0.2, gt=0, lt=1)
+    eval_fraction: float = f(0.2, gt=0, lt=1, help="share of each class held out for evaluation")
 
 
 @dataclass
 class KaggleCreditDatasetSchema(EvalSplitDatasetSchema):
-    path: Optional[str] = None
+    path: Optional[str] = f(
+        None,
+        help="null = ${paths.data_dir}/kaggle_credit/creditcard.csv; else the path of creditcard.csv")
 
 
 DATASET_SCHEMAS: Dict[str, type] = {
@@ -566,9 +903,13 @@ ACCOUNTANTS = ("rdp", "prv")  # DP-SGD accountants (Opacus); equal to dpsyn.priv
 
 @dataclass
 class PrivacySchema:
-    delta: float = f(1.0e-5, gt=0, lt=1)
-    accountant: str = f("rdp", choices=ACCOUNTANTS)
-    deterministic_noise: bool = False
+    delta: float = f(1.0e-5, gt=0, lt=1, help="must lie in (0, 1/n_private)")
+    accountant: str = f(
+        "rdp", choices=ACCOUNTANTS,
+        help="DP-SGD accountant: rdp | prv (Opacus). Named explicitly: Opacus's default changed once.")
+    deterministic_noise: bool = f(
+        False,
+        help="true seeds DP noise from `seed` (tests only): such a run is NOT private")
 
 
 @dataclass
@@ -596,8 +937,10 @@ class EvalNetSchema:
 
 @dataclass
 class ClassifierSchema:
-    name: str = f("small_cnn", choices=("small_cnn", "wrn_40_4"))
-    ensemble: int = f(1, **POSITIVE)
+    name: str = f(
+        "small_cnn", choices=("small_cnn", "wrn_40_4"),
+        help="small_cnn | wrn_40_4 (PE's CIFAR-10 classifier)")
+    ensemble: int = f(1, **POSITIVE, help="members with averaged logits (PE: 5)")
     epochs: int = f(5, **POSITIVE)
     batch_size: int = f(128, **POSITIVE)
     lr: float = f(1.0e-3, **GT0)
@@ -639,7 +982,9 @@ class MIASchema:
 
 @dataclass
 class MetricNamesSchema:
-    image: List[str] = f(["fd", "acc"])
+    image: List[str] = f(
+        ["fd", "acc"],
+        help="fd -> fd_<family> (embedded evaluation network) or fid (extractor=inception)")
     table: List[str] = f(["auroc"])
 
 
@@ -648,18 +993,32 @@ class MetricsSchema:
     names: MetricNamesSchema = field(default_factory=MetricNamesSchema)
     # what every metric scores against: eval (the sealed test split) | validation (carved from the private split;
     # tuning runs: the test split is then not read at all)
-    split: str = f("eval", choices=("eval", "validation"))
-    n_samples: int = f(10000, **POSITIVE)
-    extractor: str = f("evalnet", choices=("evalnet", "inception", "clip"))
-    n_real: int = f(10000, **POSITIVE)
+    split: str = f(
+        "eval", choices=("eval", "validation"),
+        help="eval (sealed test split) | validation (carved from private: tuning, experiment=tune)")
+    n_samples: int = f(10000, **POSITIVE, help="synthetic samples generated, scored and saved")
+    extractor: str = f(
+        "evalnet", choices=("evalnet", "inception", "clip"),
+        help="evalnet (embedded: fd_<family>) | inception (fid/kid/is: local InceptionV3 weights) | clip")
+    n_real: int = f(10000, **POSITIVE, help="real reference images (the eval split) for fd/kid/prdc")
     kid: KIDSchema = field(default_factory=KIDSchema)
-    prdc: PRDCSchema = field(default_factory=PRDCSchema)
+    prdc: PRDCSchema = field(
+        default_factory=PRDCSchema,
+        metadata={"help": "k of precision/recall (Kynkaanniemi et al.: 3) and density/coverage (Naeem et al.: 5)"})
     is_splits: int = f(10, **POSITIVE)
-    ndb: NDBSchema = field(default_factory=NDBSchema)
-    evalnet: EvalNetSchema = field(default_factory=EvalNetSchema)
-    classifier: ClassifierSchema = field(default_factory=ClassifierSchema)
+    ndb: NDBSchema = field(
+        default_factory=NDBSchema,
+        metadata={"help": "K-means bins (fixed seed) on real training samples"})
+    evalnet: EvalNetSchema = field(
+        default_factory=EvalNetSchema,
+        metadata={"help": "the embedded evaluation network (cached by a hash of these settings)"})
+    classifier: ClassifierSchema = field(
+        default_factory=ClassifierSchema,
+        metadata={"help": "downstream classifier trained on synthetic data, selected on held-out synthetic data"})
     tabular: TabularSchema = field(default_factory=TabularSchema)
-    mia: MIASchema = field(default_factory=MIASchema)
+    mia: MIASchema = field(
+        default_factory=MIASchema,
+        metadata={"help": "black-box distance attack: private members vs held-out non-members"})
 
 
 @dataclass
@@ -667,10 +1026,14 @@ class EmbeddedPublicSchema:
     """Public models trained here (conf/public/fmnist.yaml); the model blocks are checked by dpsyn.public."""
 
     name: str = "???"
-    kind: str = f("embedded", choices=("embedded",))
+    kind: str = f(
+        "embedded", choices=("embedded",),
+        help="embedded (trained here) | real (released checkpoints, see imagenet.yaml)")
     dataset: str = "???"
-    seed: int = f(0, **NON_NEGATIVE)
-    n_public: Optional[int] = f(None, **POSITIVE)
+    seed: int = f(0, **NON_NEGATIVE, help="fixed, not the run seed: every run must see the same public models")
+    n_public: Optional[int] = f(
+        None, **POSITIVE,
+        help="null = the whole public split; an integer trains on a seeded subsample (tests)")
     encoder: Dict[str, Any] = field(default_factory=dict)
     generator: Dict[str, Any] = field(default_factory=dict)
     quality: Optional[Dict[str, Any]] = None

@@ -153,7 +153,7 @@ class RunContext:
 
 def run_limits(trainer: dict[str, Any] | None) -> dict[str, Any]:
     """The :class:`RunContext` fields resolved from the trainer config (``conf/trainer``): ``device``,
-    ``max_steps``, ``max_epochs``, ``batch_limit``. :mod:`dpsyn.cli.train` fills the run's context with them, so that
+    ``max_steps``, ``max_epochs``, ``batch_limit``. :func:`dpsyn.task.run` fills the run's context with them, so that
     methods never read Trainer settings themselves."""
     trainer = trainer or {}
     acc = str(trainer.get("accelerator", "cpu"))
@@ -179,7 +179,7 @@ class Method(ABC):
             flagged ``non_private_reference`` with epsilon spent = inf.
         eps_free: the method's output does not depend on the target eps (a reference, or a method that never reads
             private data): a sweep run with ``skip_existing=true`` copies its finished cell at another eps instead of
-            running it again (``dpsyn.cli.train.reuse_eps_free_result``). None = the same as ``reference``.
+            running it again (``dpsyn.task.reuse_eps_free_result``). None = the same as ``reference``.
     """
 
     needs_public: ClassVar[bool] = False
@@ -232,7 +232,7 @@ class Method(ABC):
         """Generate ``n`` samples (with the given labels, or labels drawn by the method)."""
 
     def fitted_state(self) -> dict[str, Any] | None:
-        """What ``sample`` and ``report`` need after ``fit``, for ``checkpoints/fitted.pt`` (:mod:`dpsyn.cli.train`):
+        """What ``sample`` and ``report`` need after ``fit``, for ``checkpoints/fitted.pt`` (:mod:`dpsyn.task`):
         a run killed after fit (while sampling or scoring) restores it instead of fitting again, which would make a
         second release of the private data.
 

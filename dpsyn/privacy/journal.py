@@ -1,7 +1,7 @@
 """The write-ahead journal of a run's ledger: every charge on disk before the release it pays for can be used.
 
 A run's :class:`~dpsyn.privacy.PrivacyLedger` (attached with :meth:`~dpsyn.privacy.PrivacyLedger.attach_journal`
-by :mod:`dpsyn.cli.train`) writes its events to ``checkpoints/ledger.journal.json`` inside every recording call,
+by :mod:`dpsyn.task`) writes its events to ``checkpoints/ledger.journal.json`` inside every recording call,
 atomically (:func:`dpsyn.results.io.atomic_write`: a temporary file, fsynced, renamed), before the call returns. A
 SIGKILL skips every ``finally``, so privacy.json may be stale; the journal is not: it holds at least every charge
 whose release may have left the process (a logged loss, an answered share on the console, a W&B point).
@@ -152,7 +152,7 @@ class Journal:
     Args:
         path: the file (``run_dir / JOURNAL_PATH``).
         fingerprint: what a journal must share with the run to be merged (a JSON-serialisable value; the run's
-            :func:`dpsyn.cli.train.fit_fingerprint`).
+            :func:`dpsyn.task.fit_fingerprint`).
     """
 
     def __init__(self, path: str | os.PathLike[str], fingerprint: Any) -> None:

@@ -1,7 +1,7 @@
 """One checkpointer for every resuming part of a run: the step, the training state and the ledger, saved atomically
 in one file under ``run_dir/checkpoints`` and restored together.
 
-A training loop (G-PATE, PATE-GAN, GS-WGAN, PE) and the run itself (``checkpoints/fitted.pt``, :mod:`dpsyn.cli.train`)
+A training loop (G-PATE, PATE-GAN, GS-WGAN, PE) and the run itself (``checkpoints/fitted.pt``, :mod:`dpsyn.task`)
 use it the same way::
 
     ckpt = Checkpointer.in_run(ctx.run_dir, "g_pate.pt", fingerprint, every=hp["checkpoint_every"])
@@ -73,7 +73,7 @@ class Checkpoint:
         restoring (e.g. the class proportions reused from ``checkpoints/class_proportions.json``): they must equal
         the saved ones, and only the rest is added.
 
-        A run's ledger (:mod:`dpsyn.cli.train`) starts from its write-ahead journal
+        A run's ledger (:mod:`dpsyn.task`) starts from its write-ahead journal
         (:meth:`~dpsyn.privacy.PrivacyLedger.attach_journal`), which holds every charge of the interrupted attempt,
         those made after this checkpoint too: each event restored is the later of its journal and checkpoint states
         (the one with more charges), and the journal's events after the checkpoint's stay. The rounds the resumed

@@ -237,7 +237,7 @@ def config_block(conf_dir: Path = CONF_DIR) -> str:
                 if fld.name in yaml_vals:
                     default = yaml_vals[fld.name]
                 rows.append([f"`{fld.name}`", f"`{_fmt_default(default)}`", _rules(fld.metadata),
-                             comments.get(fld.name, "")])
+                             comments.get(fld.name) or fld.metadata.get("help", "")])
             out.append(f"#### {title}\n")
             out.append(table(["key", "default", "allowed", "note"], rows) if rows else "No options.\n")
     return "\n".join(out)
