@@ -63,7 +63,6 @@ class BudgetExceededError(RuntimeError):
     """The ledger's epsilon exceeds its target: the run must stop and write no result."""
 
 
-
 class PrivacyLedger:
     """Records every private release of a run and composes them into the epsilon spent.
 
