@@ -19,9 +19,10 @@ import pytest
 import torch
 from scipy.stats import binomtest
 
-from dpsyn.cli.audit import MECHANISMS, format_table, run_audit, select_mechanisms
 from dpsyn.paths import REPO_DIR
 from dpsyn.privacy.audit import audit_scores, clopper_pearson_upper, epsilon_from_rates
+from dpsyn.privacy.audit.mechanisms import MECHANISMS
+from dpsyn.privacy.audit.runner import format_table, run_audit, select_mechanisms
 
 # --------------------------------------------------------------------------------------------------------------
 # the statistics
@@ -211,8 +212,8 @@ def test_the_hidden_state_row_catches_a_per_step_charge_when_critics_depend_on_t
     training, 3 critics, 10 iterations, the ledger's charge) passes: tests above."""
     import torch
 
-    from dpsyn.cli.audit import hidden_state_log_likelihood, hidden_state_releases
     from dpsyn.privacy.audit import audit_scores
+    from dpsyn.privacy.audit.mechanisms import hidden_state_log_likelihood, hidden_state_releases
 
     pld_mod = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
     K, T, nm = 10, 30, 0.5

@@ -97,7 +97,7 @@ def test_unknown_blocks_are_refused() -> None:
 
 
 def test_the_audit_table_is_built_from_the_kept_audit(tmp_path: Path) -> None:
-    from dpsyn.cli.audit import keep_rows
+    from dpsyn.privacy.audit.runner import keep_rows
 
     rows = [{"mechanism": "m1", "what": "a release", "eps_claimed": 1.0, "eps_lower": 0.61, "trials": 4_000_000,
              "seconds": 30.0}, {"mechanism": "m2", "what": "votes", "eps_claimed": 0.5, "eps_lower": 0.2,

@@ -185,7 +185,7 @@ def test_get_privacy_spent_is_called_in_one_place():
 
 
 def test_save_goes_through_atomic_write_json(tmp_path, monkeypatch):
-    import dpsyn.privacy.ledger as ledger_module
+    import dpsyn.privacy.ledger.writer as ledger_module
 
     calls = []
     real = ledger_module.atomic_write_json

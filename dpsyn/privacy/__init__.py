@@ -12,12 +12,14 @@ Public API (keyword-only arguments, Opacus's names):
   :func:`pate_smooth_release` the smooth-sensitivity release of the data-dependent epsilon.
 * :func:`dp_class_proportions` / :func:`dp_class_counts` — the Laplace mechanism on class counts (G-PATE's
   class-ratio release on tables).
-* :class:`PrivacyLedger` and its events — every release recorded, composed, saved as ``privacy.json``.
+* :class:`PrivacyLedger` and its events — every release recorded, composed, saved as ``privacy.json``
+  (:mod:`dpsyn.privacy.ledger`: events, composition, the Renyi filter, the writer).
 * :mod:`dpsyn.privacy.tuning` — private tuning's cost (Papernot & Steinke 2022, :class:`RepeatAndSelectEvent`).
 * :func:`dp_generator` / :func:`dp_numpy_generator` — generators for DP noise, seeded from OS entropy.
 * :func:`gaussian_mechanism` / :func:`laplace_mechanism` — the only DP noise draws in dpsyn (numpy or torch).
 * :mod:`dpsyn.privacy.audit` (imported on its own) — empirical epsilon lower bounds from a distinguishing test
-  (Clopper-Pearson), used by ``python -m dpsyn.cli.audit``.
+  (Clopper-Pearson), the harnesses that run each mechanism and the audit's runner, used by
+  ``python -m dpsyn.cli.audit``.
 
 The inverse functions never return a noise level whose epsilon exceeds the target. Importing this package imports
 neither torch nor Opacus; they are imported where first needed.

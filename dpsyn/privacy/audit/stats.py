@@ -14,7 +14,7 @@ charges is evidence of a bug in the code that adds the noise.
 The threshold t must not be chosen on the outputs it is evaluated on (the max over thresholds of an estimate is
 biased upwards): :func:`audit_scores` picks t on one half of the trials and bounds the rates on the other half.
 
-Pure numpy/scipy (no torch): the mechanisms themselves are run by :mod:`dpsyn.cli.audit`.
+Pure numpy/scipy (no torch): the mechanisms themselves are run by :mod:`dpsyn.privacy.audit.mechanisms`.
 """
 
 from __future__ import annotations
