@@ -55,7 +55,6 @@ def test_require_checkout_outside_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(paths, "IN_CHECKOUT", False)
     with pytest.raises(RuntimeError, match="needs dpsyn's repository"):
         paths.require_checkout("reading experiments/")
-    monkeypatch.setattr(tables, "require_checkout", paths.require_checkout)
     with pytest.raises(SystemExit, match="python -m dpsyn.cli.tables readme needs dpsyn's repository"):
         tables.main(["readme", "--check"])
 
