@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 PROFILE ?= embedded
 
-.PHONY: install data test test-full bench gpu-check gpu-check-wheels reproduce-tables docs docs-look clean
+.PHONY: install data test test-full wheel-check bench gpu-check gpu-check-wheels reproduce-tables docs docs-look clean
 
 install: $(BIN)/python data
 	# torch and torchvision pinned together: other pairs fail to import together (see README)
@@ -38,6 +38,11 @@ test:
 
 test-full:
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
+
+# A wheel of dpsyn installed (--no-deps) in a fresh venv runs the default config from outside the repository
+# (tools/wheel-check; the dependencies come from $(VENV)). About half a minute; CI runs it after `make test`.
+wheel-check:
+	PY=$(BIN)/python bash tools/wheel-check
 
 bench:
 	$(BIN)/python benchmarks/dpsgd_step.py

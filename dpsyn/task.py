@@ -31,13 +31,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpsyn.cli.config_check import ConfigError, check_composed, check_delta
 from dpsyn.config import load_group
-from dpsyn.paths import REPO_DIR
+from dpsyn.paths import IN_CHECKOUT, REPO_DIR
 
 log = logging.getLogger("dpsyn")
 
 
 def _git(*args: str) -> str | None:
-    """``git <args>``'s output in the repository, stripped; None outside a git checkout or when git fails."""
+    """``git <args>``'s output in the repository, stripped; None outside a git checkout or when git fails (an
+    installed dpsyn asks no git: a repository around its site-packages is not dpsyn's)."""
+    if not IN_CHECKOUT:
+        return None
     try:
         out = subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True, timeout=10, check=True)
         return out.stdout.strip()

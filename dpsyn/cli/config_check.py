@@ -120,11 +120,13 @@ def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
     args = _override_args(argv)
     multirun = any(a in ("-m", "--multirun") for a in argv)
     combos: dict[str, list[Any]] = {}
-    fixed = _check_overrides(args, combos, conf_dir)
+    # user config directories (hydra.searchpath): their options are allowed, and every compose below sees them
+    searchpath = [a for a in args if a.split("=", 1)[0].lstrip("+~") == "hydra.searchpath"]
 
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            fixed = searchpath + _check_overrides(args, combos, conf_dir, searchpath)
             if multirun:
                 # the groups the command line chose (their first value) must be in the base too: its method.* keys
                 # belong to the method it names, not to the default one
@@ -135,7 +137,7 @@ def preflight(argv: Sequence[str], conf_dir: Path = CONF_DIR) -> None:
                     raise ConfigError(hydra_error_line(e)) from None
                 params = base.hydra.sweeper.get("params") or {}
                 swept = [f"{k}={v}" for k, v in params.items() if str(k) not in combos and not _overridden(k, fixed)]
-                fixed = fixed + _check_overrides(swept, combos, conf_dir)
+                fixed = fixed + _check_overrides(swept, combos, conf_dir, searchpath)
             # swept groups (method, dataset, ...) are composed per combination; swept plain keys are then set on
             # a copy of each composed config (typed: a wrong type fails as in a compose), which is much faster
             groups = [k for k in combos if not _plain_key(k)]
@@ -171,10 +173,12 @@ def _overridden(key: str, overrides: Sequence[str]) -> bool:
 _VALUE_BY_VALUE = ("eps", "seed", "skip_existing", "experiment_name", "profile")
 
 
-def _check_overrides(args: list[str], combos: dict[str, list[Any]], conf_dir: Path) -> list[str]:
+def _check_overrides(args: list[str], combos: dict[str, list[Any]], conf_dir: Path,
+                     searchpath: Sequence[str] = ()) -> list[str]:
     """Check override strings value by value; record swept method/dataset and other swept keys in ``combos``
     (composed and validated for every combination); return the others (a sweep of eps or seed replaced by its first
-    value) for composition."""
+    value) for composition. With ``searchpath`` (the command line's ``hydra.searchpath`` overrides; Hydra
+    initialized), a group's options are those Hydra finds there too."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -190,6 +194,12 @@ def _check_overrides(args: list[str], combos: dict[str, list[Any]], conf_dir: Pa
         values = _values(o)
         if key in GROUPS:
             allowed = group_options(key, conf_dir)
+            if searchpath:
+                from hydra.core.global_hydra import GlobalHydra
+
+                found = GlobalHydra.instance().config_loader().get_group_options(key, config_name="train",
+                                                                                  overrides=list(searchpath))
+                allowed = sorted(set(allowed) | {o for o in found if not o.startswith("_")})
             for v in values:
                 if v is not None and str(v) not in allowed:
                     raise ConfigError(f"{key}={v}: unknown {key}; allowed: {', '.join(allowed)}")

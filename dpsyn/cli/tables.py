@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsyn.paths import CONF_DIR, REPO_DIR
+from dpsyn.paths import CONF_DIR, REPO_DIR, require_checkout
 from dpsyn.results.docs import README_BLOCK, metric_table, readme_blocks  # noqa: F401  (the readme command's; tests use them)
 from dpsyn.results.tables import records_for
 
@@ -366,6 +366,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--readme", type=Path, default=None, help="one file only (default: README.md and docs/**/*.md)")
     p.add_argument("--check", action="store_true", help="exit 1 if the README differs from what would be written")
     args = ap.parse_args(argv)
+    try:
+        require_checkout(f"python -m dpsyn.cli.tables {args.cmd}")
+    except RuntimeError as e:
+        raise SystemExit(f"dpsyn: {e}") from None
     if args.cmd == "reproduce":
         if args.dry_run:
             from dpsyn.results.export import load_records

@@ -15,7 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dpsyn.paths import REPO_DIR
+from dpsyn.paths import IN_CHECKOUT, REPO_DIR
+
+# a checkout's train.py; an installed dpsyn has none, so its entry point is called
+TRAIN = [str(REPO_DIR / "train.py")] if IN_CHECKOUT else ["-c", "from dpsyn.cli.train import main; main()"]
 
 
 def final_command(sweep_dir: Path, extra: list[str]) -> tuple[list[str], dict]:
@@ -33,7 +36,7 @@ def final_command(sweep_dir: Path, extra: list[str]) -> tuple[list[str], dict]:
     task = [str(o) for o in read_json(trials[0])["overrides"]]  # the sweep's command line plus trial 0's settings
     swept = set(best["best_params"])
     keep = [o for o in task if not o.startswith("hydra") and o.split("=", 1)[0].lstrip("+~") not in swept]
-    cmd = [sys.executable, str(REPO_DIR / "train.py"), *keep,
+    cmd = [sys.executable, *TRAIN, *keep,
            *(f"{k}={v}" for k, v in best["best_params"].items()),
            "metrics.split=eval", "tuning.objective=null", f"tuning.tuned_on={sweep_dir}", f"tuning.trials={len(trials)}",
            f"hydra.run.dir={sweep_dir / 'final'}", *extra]

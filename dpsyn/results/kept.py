@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsyn.machine import cpu_model
-from dpsyn.paths import REPO_DIR
+from dpsyn.paths import IN_CHECKOUT, REPO_DIR, require_checkout
 from dpsyn.results.io import atomic_write_text
 
 DATA_DIR = REPO_DIR / "docs" / "data"
@@ -22,7 +22,9 @@ PROVENANCE = ("cpu", "torch", "git_sha")
 
 
 def git_head() -> str:
-    """The checkout's HEAD commit, or "" outside a git checkout."""
+    """The checkout's HEAD commit, or "" outside a git checkout (an installed dpsyn included)."""
+    if not IN_CHECKOUT:
+        return ""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO_DIR, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -42,7 +44,9 @@ def keep_rows(name: str, rows: list[dict[str, Any]], *, key: tuple[str, ...], pa
               **given: str) -> Path:
     """Write ``rows`` (dicts with the same keys, in column order) to ``docs/data/<name>.csv`` with their provenance
     (``given`` overrides it: ``cpu=``, ``git_sha=``); earlier rows that agree with a new one on ``key`` go."""
-    path = path or DATA_DIR / f"{name}.csv"
+    if path is None:  # docs/data is the repository's
+        require_checkout(f"keeping {name}.csv")
+        path = DATA_DIR / f"{name}.csv"
     prov = {**provenance(), **given}
     new = [{**{k: str(v) for k, v in r.items()}, **prov} for r in rows]
     keys = {tuple(r[k] for k in key) for r in new}
