@@ -54,7 +54,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from dpsyn.cli.config_check import ConfigError
-from dpsyn.trial import SCORE, TRIAL_ROLE, noised_count  # noqa: F401  (noised_count: re-exported)
+from dpsyn.trial import SCORE, TRIAL_ROLE
 
 log = logging.getLogger(__name__)
 

@@ -112,7 +112,7 @@ def _half_noise_doubles() -> dict[str, tuple]:
     import dpsyn.methods.g_pate as g_pate
     import dpsyn.methods.gs_wgan as gs_wgan
     import dpsyn.methods.pe.histogram as pe_histogram
-    import dpsyn.private_tuning as private_tuning
+    import dpsyn.trial as trial
     import dpsyn.privacy as privacy
 
     return {
@@ -130,7 +130,7 @@ def _half_noise_doubles() -> dict[str, tuple]:
         "gs_wgan_iteration": (gs_wgan, "sanitize", {"sigma": 0.5}),
         "gs_wgan_hidden_state": (gs_wgan, "sanitize", {"sigma": 0.5}),
         "laplace_class_counts": (privacy, "dp_class_counts", {"epsilon": 2.0}),  # half the Laplace scale
-        "private_tuning_score": (private_tuning, "noised_count", {"noise_multiplier": 0.5}),
+        "private_tuning_score": (trial, "noised_count", {"noise_multiplier": 0.5}),
     }
 
 

@@ -61,12 +61,12 @@ def test_require_checkout_outside_one(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_no_git_sha_outside_a_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
     """An installed dpsyn records no commit, though its site-packages may lie in some other git repository."""
-    from dpsyn.cli import train
+    from dpsyn import task
     from dpsyn.results import kept
 
-    monkeypatch.setattr(train, "IN_CHECKOUT", False)
+    monkeypatch.setattr(task, "IN_CHECKOUT", False)
     monkeypatch.setattr(kept, "IN_CHECKOUT", False)
-    assert train._git_sha() is None and train._git_dirty() is None and kept.git_head() == ""
+    assert task.git_sha() is None and task.git_dirty() is None and kept.git_head() == ""
 
 
 USER_DATASET = """\

@@ -583,10 +583,10 @@ def _laplace(eps: float, delta: float, trials: int, noise: NoiseSource) -> Score
 
 
 def _tuning_score(eps: float, delta: float, trials: int, noise: NoiseSource) -> Scores:
-    """Private tuning's DP score (:func:`dpsyn.private_tuning.noised_count`: a trial's count of correct validation
+    """Private tuning's DP score (:func:`dpsyn.trial.noised_count`: a trial's count of correct validation
     predictions + N(0, nm^2)), charged as ``GaussianEvent(nm)`` (sensitivity 1): a canary validation row, predicted
     right, in half of the counts."""
-    from dpsyn.private_tuning import noised_count
+    from dpsyn.trial import noised_count
     from dpsyn.privacy import GaussianEvent
 
     def claim(nm: float) -> float:
