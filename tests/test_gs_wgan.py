@@ -12,7 +12,7 @@ import torch
 
 from dpsyn.data.base import Split
 from dpsyn.data.partitions import KeyedPartitions, partition_key
-from dpsyn.methods import gs_wgan
+from dpsyn.methods import gs_wgan, session
 from dpsyn.methods.gs_wgan import (
     SAMPLING_NOTE,
     CriticBank,
@@ -347,7 +347,7 @@ def test_the_progress_bar_shows_iterations_and_epsilon_only(make_cfg, monkeypatc
     from dpsyn.methods import PrivacyBudget
 
     monkeypatch.setattr(RecordingBar, "made", [])
-    monkeypatch.setattr(gs_wgan, "tqdm", RecordingBar)
+    monkeypatch.setattr(session, "tqdm", RecordingBar)
     ledger = PrivacyLedger(target_epsilon=2.0, delta=1e-5)
     _method(make_cfg).fit(_tiny(), PrivacyBudget(2.0, 1e-5), ledger)
     bar = next(b for b in RecordingBar.made if b.desc == "gs_wgan iterations")

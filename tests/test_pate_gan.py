@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dpsyn.data.base import Split
-from dpsyn.methods import METHODS, PrivacyBudget, RunContext, pate_gan
+from dpsyn.methods import METHODS, PrivacyBudget, RunContext, pate_gan, session
 from dpsyn.methods.pate_gan import (
     binary_votes,
     ensemble_generator_loss,
@@ -343,7 +343,7 @@ def test_the_ladders_first_rung_is_refused_for_private_runs(make_cfg) -> None:
 
 def test_the_progress_bar_shows_steps_epsilon_and_answered_share(make_cfg, monkeypatch) -> None:
     monkeypatch.setattr(RecordingBar, "made", [])
-    monkeypatch.setattr(pate_gan, "tqdm", RecordingBar)
+    monkeypatch.setattr(session, "tqdm", RecordingBar)
     ledger = PrivacyLedger(target_epsilon=10.0, delta=1e-5)
     _method(make_cfg, _image_ctx()).fit(_image_split(), PrivacyBudget(10.0, 1e-5), ledger)
     (bar,) = RecordingBar.made

@@ -65,13 +65,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from dpsyn.config import PATE_NOISE_KEYS, resolve_pate_noise
 from dpsyn.data.base import Split
 from dpsyn.data.partitions import KeyedPartitions, partition_key, source_ids
 from dpsyn.lit.ema import update_ema
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, draw_latent, generate_conditional
+from dpsyn.methods.session import FitSession
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import (
     CondConvTeacher,
@@ -89,7 +89,6 @@ from dpsyn.privacy import (
     dp_generator,
     pate_max_queries,
 )
-from dpsyn.results.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 
@@ -434,13 +433,12 @@ class GPATE(Method):
         G_ema = copy.deepcopy(G) if hp["ema"] > 0 else None
         x_all = torch.from_numpy(np.ascontiguousarray(private.x, dtype=np.float32)).to(device)
         y_all = torch.from_numpy(private.y.astype(np.int64)).to(device)
-        d, k, C = int(np.prod(ctx.shape)), hp["projection_dim"], ctx.num_classes
+        k, C = hp["projection_dim"], ctx.num_classes
         if hp["projection"] == "dct" and ctx.kind != "image":
             raise ValueError(f"method.projection=dct needs images; a {ctx.kind} dataset takes gaussian")
         self._basis = (dct_basis(ctx.shape, hp["projection_frequencies"]).to(device) if hp["projection"] == "dct"
                        else None)
 
-        event: PATEEvent | None = None  # made when recorded (new_pate_event), or restored from a checkpoint
         if budget.private:
             dp_gen = dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=str(device))
             aggregate = "vote"
@@ -448,127 +446,96 @@ class GPATE(Method):
             dp_gen = None
             aggregate = hp["inf_aggregate"]
         max_steps = ctx.capped_steps(hp["steps"])
-        start = 0
-        ckpt = Checkpointer.in_run(ctx.run_dir, CHECKPOINT, self._fingerprint(budget), every=hp["checkpoint_every"])
-        saved = ckpt.load()
-        # tables: the class proportions, released once (Laplace) before anything else; a re-run in this run
-        # directory reuses them (Method.release_class_proportions keeps them there)
-        self.proportions: np.ndarray | None = None
-        if ctx.kind != "image":
-            self.proportions, rest = self.release_class_proportions(private, budget, ledger, hp["class_ratio_epsilon"])
-        else:
-            rest = budget
-        if saved is not None:
-            state, start = saved.state, saved.step
-            G.load_state_dict(state["G"])
-            if G_ema is not None:
-                G_ema.load_state_dict(state["G_ema"])
-            opt_g.load_state_dict(state["opt_g"])
-            ens.load_state_dict(state["teachers"])
-            ens.optimizer.load_state_dict(state["opt_teachers"])
-            parts.load_state_dict(state["partitions"])
-            gen.set_state(state["gen"])
-            # the ledger as saved: the queries made before the checkpoint, charged once (the class proportions were
-            # charged again just above, from their saved release)
-            restored = saved.restore_ledger(ledger)
-            event_id: int | None = None
-            if budget.private:
-                event_id = restored[-1]
-                event = ledger.events[event_id]
-                if ctx.deterministic_noise:
-                    dp_gen.set_state(state["dp_gen"])  # generator states are CPU byte tensors
-            log.info("resuming g_pate from %s at step %d", ckpt.path, start)
-        elif budget.private:
-            event = new_pate_event(ledger, hp, label=f"g_pate gradient votes ({n_teachers} teachers, k={k}, "
-                                   f"B={hp['bins']})", max_queries=max_steps * b * k)
-            event_id = ledger.add(event)
-        else:
-            event_id = None
-            ledger.add(NonPrivateEvent(label=f"g_pate trained without noise (eps=inf): {INF_AGGREGATES[aggregate]}"))
-        if event is not None:
-            log_pate_allowance("g_pate", event, rest, per_step=b * k, unit="rounds")
-        log.info("g_pate: %d teachers of about %d rows (a keyed hash of the rows' source ids), %s", n_teachers,
-                 parts.nominal_size, batch_rule)
-        # training labels: uniform over the classes (images), or drawn from the released proportions (tables)
-        label_probs = None if self.proportions is None else torch.as_tensor(self.proportions, dtype=torch.float32)
-
-        r_fakes = hp["teacher_fakes"]  # the round's b fakes (the reference code) when 1
-        self.train_log: dict[str, Any] = {"stopped_by": "steps", "batch": b, "teacher_batch": tb,
-                                          "partition_size": parts.nominal_size, "batch_rule": batch_rule,
-                                          "aggregate": aggregate}
-        t0 = time.perf_counter()
-        step = start
-        G.train()
-        bar = tqdm(total=max_steps, initial=start, desc="g_pate rounds", leave=False, disable=None)
-        answered_s = "n/a"  # eps=inf's mean aggregate holds no vote, so there is no answered rate to show
-        while step < max_steps:
-            z = self._latent(b, gen).to(device)
-            if label_probs is None:
-                y = torch.randint(0, C, (b,), generator=gen).to(device)  # labels uniform (public)
+        state = {"G": G, "G_ema": G_ema, "opt_g": opt_g, "teachers": ens, "opt_teachers": ens.optimizer,
+                 "partitions": parts, "gen": gen, "dp_gen": dp_gen if ctx.deterministic_noise else None}
+        with FitSession(ctx, ledger, CHECKPOINT, self._fingerprint(budget), state=state, total=max_steps,
+                        desc="g_pate rounds", every=hp["checkpoint_every"]) as s:
+            # tables: the class proportions, released once (Laplace) before anything else; a re-run in this run
+            # directory reuses them (Method.release_class_proportions keeps them there)
+            self.proportions: np.ndarray | None = None
+            if ctx.kind != "image":
+                self.proportions, rest = self.release_class_proportions(private, budget, ledger,
+                                                                        hp["class_ratio_epsilon"])
             else:
-                y = torch.multinomial(label_probs, b, replacement=True, generator=gen).to(device)
-            # teachers: Adam steps on their own partitions' rows against fakes of the same labels (the reference
-            # code feeds each teacher G(z, its real rows' labels)): G(z, c) for every class c once, then gathered
-            for _ in range(hp["teacher_steps"]):
-                rows, mask = (t.to(device) for t in parts.batch(None, tb))  # (N, tb): row i from partition i only
-                # a masked slot's fakes take the round's (public) labels, never another partition's row's
-                ry = torch.where(mask, y_all[rows], y.repeat(tb // b + 1)[:tb])  # (N, tb)
-                fy = ry.repeat(1, r_fakes)  # (N, r tb): r fakes per real row, each with that row's label
-                nf = tb * r_fakes
-                zt = z[:nf] if nf <= b else self._latent(nf, gen).to(device)
-                with torch.no_grad():
-                    table = G(zt.repeat(C, 1), torch.arange(C, device=device).repeat_interleave(nf))
-                table = table.view(C, nf, *table.shape[1:])
-                fakes = table[fy, torch.arange(nf, device=device)]  # (N, r tb, ...): teacher i's fake j has its label
-                real = torch.where(mask.view(*mask.shape, *([1] * (x_all.dim() - 1))), x_all[rows], 0.0)
-                ens.train_step(real, ry, fakes, fy, real_mask=mask)
-            fake = G(z, y)
-            g_hat, answered = self._aggregate(ens, fake.detach(), y, aggregate=aggregate, gen=gen, dp_gen=dp_gen,
-                                                    event_id=event_id, ledger=ledger)
-            if g_hat is None:
-                self.train_log["stopped_by"] = "budget"
-                break
-            # student: regress G(z) onto x + g_hat (sum of squares, as the reference code)
-            target = (fake.detach() + g_hat.view_as(fake)).detach()
-            loss = ((fake - target) ** 2).sum()
-            for group in opt_g.param_groups:
-                group["lr"] = hp["lr_g"] * lr_decay(step, max_steps, hp["lr_g_decay_start"])
-            opt_g.zero_grad(set_to_none=True)
-            loss.backward()
-            opt_g.step()
-            if G_ema is not None:
-                update_ema(G_ema, G, step=step, max_decay=hp["ema"])
-            step += 1
-            if answered is not None:
-                answered_s = f"{answered.float().mean().item():.3f}"
-            eps_now = ledger.epsilon() if event is not None else math.inf
-            fill = filter_fill(event)
-            bar.update(1)
-            bar.set_postfix(eps=f"{eps_now:.3f}", answered=answered_s, **fill, refresh=False)
-            if step % 50 == 0 or step == 1:
-                log.info("g_pate round %d: answered %s of %d queries, eps %.4f (%s)%s", step, answered_s, b * k,
-                         eps_now, hp["bound"] if event is not None else aggregate,
-                         f", Renyi filter {fill['filter']} used" if fill else "")
-            if ckpt.due(step):
-                ckpt.save(step, {
-                    "G": G.state_dict(), "G_ema": None if G_ema is None else G_ema.state_dict(),
-                    "opt_g": opt_g.state_dict(), "teachers": ens.state_dict(), "opt_teachers": ens.optimizer.state_dict(),
-                    "partitions": parts.state_dict(), "gen": gen.get_state(),
-                    "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
-                }, ledger)
-        bar.close()
+                rest = budget
+            # the run's Confident-GNMax event (its queries grown each round), restored with the ledger on resume
+            if budget.private:
+                s.open(lambda: new_pate_event(ledger, hp, label=f"g_pate gradient votes ({n_teachers} teachers, "
+                                              f"k={k}, B={hp['bins']})", max_queries=max_steps * b * k))
+                log_pate_allowance("g_pate", s.event, rest, per_step=b * k, unit="rounds")
+            else:
+                s.open(NonPrivateEvent(label=f"g_pate trained without noise (eps=inf): {INF_AGGREGATES[aggregate]}"))
+            log.info("g_pate: %d teachers of about %d rows (a keyed hash of the rows' source ids), %s", n_teachers,
+                     parts.nominal_size, batch_rule)
+            # training labels: uniform over the classes (images), or drawn from the released proportions (tables)
+            label_probs = None if self.proportions is None else torch.as_tensor(self.proportions, dtype=torch.float32)
+
+            r_fakes = hp["teacher_fakes"]  # the round's b fakes (the reference code) when 1
+            self.train_log: dict[str, Any] = {"stopped_by": "steps", "batch": b, "teacher_batch": tb,
+                                              "partition_size": parts.nominal_size, "batch_rule": batch_rule,
+                                              "aggregate": aggregate}
+            t0 = time.perf_counter()
+            G.train()
+            answered_s = "n/a"  # eps=inf's mean aggregate holds no vote, so there is no answered rate to show
+            for step in s.steps():
+                z = self._latent(b, gen).to(device)
+                if label_probs is None:
+                    y = torch.randint(0, C, (b,), generator=gen).to(device)  # labels uniform (public)
+                else:
+                    y = torch.multinomial(label_probs, b, replacement=True, generator=gen).to(device)
+                # teachers: Adam steps on their own partitions' rows against fakes of the same labels (the reference
+                # code feeds each teacher G(z, its real rows' labels)): G(z, c) for every class c once, then gathered
+                for _ in range(hp["teacher_steps"]):
+                    rows, mask = (t.to(device) for t in parts.batch(None, tb))  # (N, tb): row i from partition i only
+                    # a masked slot's fakes take the round's (public) labels, never another partition's row's
+                    ry = torch.where(mask, y_all[rows], y.repeat(tb // b + 1)[:tb])  # (N, tb)
+                    fy = ry.repeat(1, r_fakes)  # (N, r tb): r fakes per real row, each with that row's label
+                    nf = tb * r_fakes
+                    zt = z[:nf] if nf <= b else self._latent(nf, gen).to(device)
+                    with torch.no_grad():
+                        table = G(zt.repeat(C, 1), torch.arange(C, device=device).repeat_interleave(nf))
+                    table = table.view(C, nf, *table.shape[1:])
+                    fakes = table[fy, torch.arange(nf, device=device)]  # (N, r tb, ...): teacher i's fake j, its label
+                    real = torch.where(mask.view(*mask.shape, *([1] * (x_all.dim() - 1))), x_all[rows], 0.0)
+                    ens.train_step(real, ry, fakes, fy, real_mask=mask)
+                fake = G(z, y)
+                g_hat, answered = self._aggregate(ens, fake.detach(), y, aggregate=aggregate, gen=gen, dp_gen=dp_gen,
+                                                  session=s)
+                if g_hat is None:  # the round's queries would overspend: s.stopped_by == "budget"
+                    break
+                # student: regress G(z) onto x + g_hat (sum of squares, as the reference code)
+                target = (fake.detach() + g_hat.view_as(fake)).detach()
+                loss = ((fake - target) ** 2).sum()
+                for group in opt_g.param_groups:
+                    group["lr"] = hp["lr_g"] * lr_decay(step, max_steps, hp["lr_g_decay_start"])
+                opt_g.zero_grad(set_to_none=True)
+                loss.backward()
+                opt_g.step()
+                if G_ema is not None:
+                    update_ema(G_ema, G, step=step, max_decay=hp["ema"])
+                if answered is not None:
+                    answered_s = f"{answered.float().mean().item():.3f}"
+                eps_now = ledger.epsilon() if s.event is not None else math.inf
+                fill = filter_fill(s.event)
+                s.show(eps=f"{eps_now:.3f}", answered=answered_s, **fill)
+                if (step + 1) % 50 == 0 or step == 0:
+                    log.info("g_pate round %d: answered %s of %d queries, eps %.4f (%s)%s", step + 1, answered_s,
+                             b * k, eps_now, hp["bound"] if s.event is not None else aggregate,
+                             f", Renyi filter {fill['filter']} used" if fill else "")
+        event = s.event
         G.eval()
         if G_ema is not None:
             G_ema.eval()
         self.G, self.device = (G if G_ema is None else G_ema), device
-        self.train_log.update(steps=step, fit_s=time.perf_counter() - t0, queries=0 if event is None else event.queries,
+        self.train_log.update(stopped_by=s.stopped_by, steps=s.step, fit_s=time.perf_counter() - t0,
+                              queries=0 if event is None else event.queries,
                               answered=0 if event is None else event.answered, **filter_record(event))
-        log.info("g_pate: %d rounds (stopped by %s), %s", step, self.train_log["stopped_by"],
+        log.info("g_pate: %d rounds (stopped by %s), %s", s.step, s.stopped_by,
                  f"{event.queries} queries, {event.answered} answered" if event is not None else aggregate)
 
     def _aggregate(
         self, ens: TeacherEnsemble, fake: torch.Tensor, y: torch.Tensor, *, aggregate: str, gen: torch.Generator,
-        dp_gen: torch.Generator | None, event_id: int | None, ledger: PrivacyLedger,
+        dp_gen: torch.Generator | None, session: FitSession,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The aggregated gradient into the generated samples ``fake`` (b, ...), of the batch-mean generator loss.
 
@@ -599,11 +566,10 @@ class GPATE(Method):
         for _, g in ens.input_gradient_chunks(fake, y):
             votes += teacher_votes(g / b, proj, clip=hp["clip"], bins=bins)  # grad of the batch-mean loss
         flat = votes.view(b * k, bins)
-        private = event_id is not None
+        private = session.event is not None
         if private:
             # would this round's queries (GNMax charged for all) overspend?
-            trial = ledger.events[event_id].with_queries(flat, torch.ones(b * k, dtype=torch.bool))
-            if ledger.would_exceed(trial, replacing=event_id):
+            if session.would_exceed(session.event.with_queries(flat, torch.ones(b * k, dtype=torch.bool))):
                 return None, None
         g_hat, answered = aggregate_votes(
             votes, proj, clip=hp["clip"], generator=dp_gen,
@@ -612,7 +578,7 @@ class GPATE(Method):
             threshold=hp["threshold"] if private else None,
         )
         if private:
-            ledger.record_pate_queries(event_id, flat, answered.flatten())  # before the answers are used
+            session.charge_queries(flat, answered.flatten())  # before the answers are used
         return g_hat.view_as(fake), answered.flatten()
 
     @torch.no_grad()

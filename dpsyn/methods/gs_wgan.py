@@ -92,6 +92,7 @@ from dpsyn.data.base import Split
 from dpsyn.data.partitions import KeyedPartitions, partition_key, source_ids
 from dpsyn.lit.ema import update_ema
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
+from dpsyn.methods.session import FitSession
 from dpsyn.nets.dcgan import CondDCGANGenerator
 from dpsyn.nets.ensemble import CondConvTeacher
 from dpsyn.nets.lowpass import LowPassOutput, dct_basis
@@ -105,7 +106,6 @@ from dpsyn.privacy import (
 )
 from dpsyn.privacy.ledger import UniformChoiceGaussianEvent
 from dpsyn.privacy.uniform_choice import BOUND_BASIS, SAMPLING, uniform_choice_noise_multiplier
-from dpsyn.results.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 
@@ -733,115 +733,84 @@ class GSWGAN(Method):
         else:
             picker, dp_gen = torch.Generator().manual_seed(ctx.seed + 1), None
 
-        fingerprint = self._fingerprint(budget, iterations, sigma)
-        start, released = 0, 0
-        ckpt = Checkpointer.in_run(ctx.run_dir, CHECKPOINT, fingerprint, every=hp["checkpoint_every"])
-        saved = ckpt.load()
-        if saved is not None:
-            state, start = saved.state, saved.step
-            released = int(state["releases"])
-            G.load_state_dict(state["G"])
-            G_ema.load_state_dict(state["G_ema"])
-            opt_g.load_state_dict(state["opt_g"])
-            if "critics" in state:
-                bank.load_state_dict(state["critics"])
-            elif start < iterations:  # the critics are dropped from a finished run's checkpoint (unreleased)
-                raise ValueError(f"{ckpt.path} holds no critics and stopped at iteration {start} of {iterations}; "
-                                 "start a new run directory")
-            parts.load_state_dict(state["partitions"])
-            gen.set_state(state["gen"])
-            if ctx.deterministic_noise or not budget.private:
-                picker.set_state(state["picker"])
-                if dp_gen is not None:
-                    dp_gen.set_state(state["dp_gen"])
-            # the ledger as saved (with the charges an interrupted attempt journalled after it): charged once
-            restored = saved.restore_ledger(ledger)
-            event_id: int | None = restored[0] if budget.private else None
-            log.info("resuming gs_wgan from %s at iteration %d (%d sanitised releases already charged)", ckpt.path,
-                     start, released)
-        elif budget.private:
-            # one event, added before the first release and grown before each one: a crash leaves it complete
-            m = hp["output_frequencies"]
-            band = "" if m is None else f", in the {m}x{m} lowest DCT frequencies a channel"
-            event_id = ledger.add(privacy_event(
-                sigma=sigma, critics=K, batch_size=b, iterations=start, bound=hp["bound"],
-                label=f"gs_wgan sanitised generator gradients ({b} a step through the critic drawn: "
-                      f"clip {hp['clip']:g}, noise std {sigma:.4g} C each, sensitivity 2C sqrt({b}) a step, "
-                      f"{K} critics{band}; {SAMPLING_NOTE}; critics trained {hp['critic_schedule']})",
-            ))
-        else:
-            event_id = None
-            ledger.add(NonPrivateEvent(label="gs_wgan trained without noise (eps=inf)"))
-
-        self.train_log: dict[str, Any] = {"partition_size": parts.nominal_size, "critic_batch": critic_batch,
-                                          "critic_schedule": hp["critic_schedule"], "fresh_steps": hp["fresh_steps"]}
-        t0 = time.perf_counter()
-        warm = ctx.capped_steps(hp["warm_start_iterations"]) if hp["warm_start_iterations"] else 0
-        if saved is None and warm:
-            log.info("gs_wgan warm start: %d critics x %d non-private iterations on their own partitions "
-                     "(not released, not charged)", K, warm)
-            warm_start(bank, parts, x=x_all, y=y_all, iterations=warm, critic_steps=hp["critic_steps"],
-                       batch=critic_batch, z_dim=hp["z_dim"], num_classes=ctx.num_classes, gp_weight=hp["gp_weight"],
-                       drift=hp["drift"], lr_g=hp["lr_g"], betas=(hp["beta1"], hp["beta2"]), generator=gen,
-                       make_generator=make_generator, chunk=hp["warm_start_chunk"])
-            self.train_log["warm_start_s"] = time.perf_counter() - t0
-            if ckpt.enabled:  # the warm start is not repeated after a crash
-                ckpt.save(0, self._state(released, G, G_ema, opt_g, bank, parts, gen, picker, dp_gen, budget), ledger)
-        self.train_log["warm_start_iterations"] = warm
-        it, w = start, math.nan
-        kw = dict(x=x_all, y=y_all, G=G, z_dim=hp["z_dim"], num_classes=ctx.num_classes, gp_weight=hp["gp_weight"],
-                  drift=hp["drift"], generator=gen)
-
-        def charged() -> int:  # iterations charged so far: more than ``it`` after a resume that kept lost charges
-            return it if event_id is None else ledger.events[event_id].steps
-
-        if event_id is not None and charged() > it:
-            log.warning("gs_wgan: %d iterations of an interrupted attempt after its last checkpoint stay charged; "
-                        "the run stops when %d are charged, %d generator iterations short", charged() - it,
-                        iterations, charged() - it)
-        G.train()
+        keep = ctx.deterministic_noise or not budget.private  # the DP generators' states are secret otherwise
+        state = {"G": G, "G_ema": G_ema, "opt_g": opt_g, "critics": bank, "partitions": parts, "gen": gen,
+                 "picker": picker if keep else None, "dp_gen": dp_gen if ctx.deterministic_noise else None}
         # under DP the bar shows iterations and the epsilon spent only (never the critic drawn nor its W estimate)
-        bar = tqdm(total=iterations, initial=start, desc="gs_wgan iterations", leave=False, disable=None)
-        while charged() < iterations:
-            k = int(draw_critics(K, 1, picker))  # the secret, fresh draw: the mechanism's subsampling
-            # the critic that trains: under round_robin critic it mod K (a public schedule, whatever was drawn)
-            s = trained_critic(it, K, k, hp["critic_schedule"])
-            critic, w = critic_turn(bank, s, batches=[(r[0], m[0]) for r, m in
-                                                      (parts.batch([s], critic_batch)
-                                                       for _ in range(hp["critic_steps"]))], **kw)
-            if hp["fresh_steps"]:  # a throw-away copy of critic k fitted to the current G (rows: stateless)
-                fresh = [(r[0], m[0]) for r, m in
-                         (parts.batch([k], critic_batch, stream=_FRESH_STREAM, calls=[it * hp["fresh_steps"] + i])
-                          for i in range(hp["fresh_steps"]))]
-                critic, w = critic_turn(bank, k, batches=fresh, keep=False, **kw)
-            elif s != k:
-                critic, _ = bank.checkout(k)
-            z = torch.randn(b, hp["z_dim"], generator=gen).to(device)
-            y = torch.randint(0, ctx.num_classes, (b,), generator=gen).to(device)  # labels uniform (public)
-            if event_id is not None:
-                ledger.record_steps(event_id, 1)  # the iteration's b releases, charged before they are made
-            released += b
-            opt_g.zero_grad(set_to_none=True)
-            generator_step(G, critic, z=z, y=y, clip=clip, sigma=sigma, generator=dp_gen, basis=basis)
-            opt_g.step()
-            update_ema(G_ema, G, step=it, max_decay=hp["ema"], warmup="mean")
-            it += 1
-            bar.update(1)
-            spent = None  # the accountant is not free: at most once an iteration, and every 20 on the bar
-            if event_id is not None and (it % 20 == 0 or it == iterations):
-                spent = ledger.epsilon()
-                bar.set_postfix(eps=f"{spent:.3f}", refresh=False)
-            if it % 100 == 0 or it == 1:
-                # Under DP the log names neither the critic drawn (the secret subsample that the 1/K amplification
-                # relies on) nor a W estimate (read from private rows without noise): logs are published with a run.
-                if event_id is None:
-                    log.info("gs_wgan iteration %d/%d: critic %d, W estimate %.4f", it, iterations, k, w)
-                else:
-                    log.info("gs_wgan iteration %d/%d: eps %.4f", it, iterations,
-                             ledger.epsilon() if spent is None else spent)
-            if ckpt.due(it):
-                ckpt.save(it, self._state(released, G, G_ema, opt_g, bank, parts, gen, picker, dp_gen, budget), ledger)
-        bar.close()
+        with FitSession(ctx, ledger, CHECKPOINT, self._fingerprint(budget, iterations, sigma), state=state,
+                        total=iterations, desc="gs_wgan iterations", every=hp["checkpoint_every"]) as s:
+            # one event, added before the first release and grown before each one: a crash leaves it complete
+            if budget.private:
+                m = hp["output_frequencies"]
+                band = "" if m is None else f", in the {m}x{m} lowest DCT frequencies a channel"
+                s.open(lambda: privacy_event(
+                    sigma=sigma, critics=K, batch_size=b, iterations=0, bound=hp["bound"],
+                    label=f"gs_wgan sanitised generator gradients ({b} a step through the critic drawn: "
+                          f"clip {hp['clip']:g}, noise std {sigma:.4g} C each, sensitivity 2C sqrt({b}) a step, "
+                          f"{K} critics{band}; {SAMPLING_NOTE}; critics trained {hp['critic_schedule']})",
+                ))
+            else:
+                s.open(NonPrivateEvent(label="gs_wgan trained without noise (eps=inf)"))
+            private_run = s.event is not None
+
+            self.train_log: dict[str, Any] = {"partition_size": parts.nominal_size, "critic_batch": critic_batch,
+                                              "critic_schedule": hp["critic_schedule"],
+                                              "fresh_steps": hp["fresh_steps"]}
+            t0 = time.perf_counter()
+            warm = ctx.capped_steps(hp["warm_start_iterations"]) if hp["warm_start_iterations"] else 0
+            if not s.resumed and warm:
+                log.info("gs_wgan warm start: %d critics x %d non-private iterations on their own partitions "
+                         "(not released, not charged)", K, warm)
+                warm_start(bank, parts, x=x_all, y=y_all, iterations=warm, critic_steps=hp["critic_steps"],
+                           batch=critic_batch, z_dim=hp["z_dim"], num_classes=ctx.num_classes,
+                           gp_weight=hp["gp_weight"], drift=hp["drift"], lr_g=hp["lr_g"],
+                           betas=(hp["beta1"], hp["beta2"]), generator=gen, make_generator=make_generator,
+                           chunk=hp["warm_start_chunk"])
+                self.train_log["warm_start_s"] = time.perf_counter() - t0
+                s.save()  # the warm start is not repeated after a crash
+            self.train_log["warm_start_iterations"] = warm
+            w = math.nan
+            kw = dict(x=x_all, y=y_all, G=G, z_dim=hp["z_dim"], num_classes=ctx.num_classes,
+                      gp_weight=hp["gp_weight"], drift=hp["drift"], generator=gen)
+            G.train()
+            # sigma is calibrated for `iterations` charged iterations: the run stops when the ledger charges them
+            for it in s.steps(charged=(lambda: s.event.steps) if private_run else None):
+                k = int(draw_critics(K, 1, picker))  # the secret, fresh draw: the mechanism's subsampling
+                # the critic that trains: under round_robin critic it mod K (a public schedule, whatever was drawn)
+                c = trained_critic(it, K, k, hp["critic_schedule"])
+                critic, w = critic_turn(bank, c, batches=[(r[0], m[0]) for r, m in
+                                                          (parts.batch([c], critic_batch)
+                                                           for _ in range(hp["critic_steps"]))], **kw)
+                if hp["fresh_steps"]:  # a throw-away copy of critic k fitted to the current G (rows: stateless)
+                    fresh = [(r[0], m[0]) for r, m in
+                             (parts.batch([k], critic_batch, stream=_FRESH_STREAM, calls=[it * hp["fresh_steps"] + i])
+                              for i in range(hp["fresh_steps"]))]
+                    critic, w = critic_turn(bank, k, batches=fresh, keep=False, **kw)
+                elif c != k:
+                    critic, _ = bank.checkout(k)
+                z = torch.randn(b, hp["z_dim"], generator=gen).to(device)
+                y = torch.randint(0, ctx.num_classes, (b,), generator=gen).to(device)  # labels uniform (public)
+                if private_run:
+                    s.charge_steps(1)  # the iteration's b releases, charged before they are made
+                opt_g.zero_grad(set_to_none=True)
+                generator_step(G, critic, z=z, y=y, clip=clip, sigma=sigma, generator=dp_gen, basis=basis)
+                opt_g.step()
+                update_ema(G_ema, G, step=it, max_decay=hp["ema"], warmup="mean")
+                done = it + 1
+                spent = None  # the accountant is not free: at most once an iteration, and every 20 on the bar
+                if private_run and (done % 20 == 0 or done == iterations):
+                    spent = ledger.epsilon()
+                    s.show(eps=f"{spent:.3f}")
+                if done % 100 == 0 or done == 1:
+                    # Under DP the log names neither the critic drawn (the secret subsample that the 1/K amplification
+                    # relies on) nor a W estimate (read from private rows without noise): logs are published with a
+                    # run.
+                    if not private_run:
+                        log.info("gs_wgan iteration %d/%d: critic %d, W estimate %.4f", done, iterations, k, w)
+                    else:
+                        log.info("gs_wgan iteration %d/%d: eps %.4f", done, iterations,
+                                 ledger.epsilon() if spent is None else spent)
+        it, released = s.step, s.step * b  # every iteration makes b sanitised releases
         G.eval()
         G_ema.eval()
         self.G = G_ema if hp["ema"] > 0 else G
@@ -849,25 +818,12 @@ class GSWGAN(Method):
         self.train_log.update(iterations=it, releases=released, sigma=sigma,
                               noise_multiplier=iteration_noise_multiplier(sigma, b),
                               fit_s=time.perf_counter() - t0)
-        if event_id is not None:  # for comparison with published numbers only; the ledger holds the true epsilon
+        if private_run:  # for comparison with published numbers only; the ledger holds the true epsilon
             self.train_log["epsilon_published_analysis"] = published_analysis_epsilon(
                 sigma=sigma, critics=K, batch_size=b, iterations=it, delta=budget.delta, accountant=ctx.accountant)
-        if event_id is None:  # non-private only: W is read from private rows without noise
+        else:  # non-private only: W is read from private rows without noise
             self.train_log["last_w"] = w
         log.info("gs_wgan: %d iterations, %d sanitised releases, sigma %.4g", it, released, sigma)
-
-    def _state(self, released: int, G: nn.Module, G_ema: nn.Module, opt_g: torch.optim.Optimizer, bank: CriticBank,
-               parts: KeyedPartitions, gen: torch.Generator, picker: torch.Generator,
-               dp_gen: torch.Generator | None, budget: PrivacyBudget) -> dict[str, Any]:
-        """The checkpoint's state; the DP generators' states only where they are not secret (deterministic noise or
-        eps=inf). The partitions' state is their batch counters (a function of the public schedule)."""
-        keep = self.ctx.deterministic_noise or not budget.private
-        return {
-            "releases": released, "G": G.state_dict(), "G_ema": G_ema.state_dict(), "opt_g": opt_g.state_dict(),
-            "critics": bank.state_dict(), "partitions": parts.state_dict(), "gen": gen.get_state(),
-            "picker": picker.get_state() if keep else None,
-            "dp_gen": dp_gen.get_state() if (dp_gen is not None and self.ctx.deterministic_noise) else None,
-        }
 
     @torch.no_grad()
     def sample(self, n: int, labels: np.ndarray | None = None) -> Samples:

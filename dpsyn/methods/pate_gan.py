@@ -51,7 +51,6 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
-from tqdm.auto import tqdm
 
 from dpsyn.config import PATE_NOISE_KEYS
 from dpsyn.data.base import Split
@@ -65,6 +64,7 @@ from dpsyn.methods.g_pate import (
     new_pate_event,
     pate_hyperparameters,
 )
+from dpsyn.methods.session import FitSession
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import (
     CondConvTeacher,
@@ -75,12 +75,10 @@ from dpsyn.nets.ensemble import (
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
 from dpsyn.privacy import (
     NonPrivateEvent,
-    PATEEvent,
     PrivacyLedger,
     confident_gnmax,
     dp_generator,
 )
-from dpsyn.results.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 
@@ -313,115 +311,85 @@ class PATEGAN(Method):
         x_all = torch.from_numpy(np.ascontiguousarray(private.x, dtype=np.float32)).to(device)
         y_all = torch.from_numpy(private.y.astype(np.int64)).to(device)
 
-        event: PATEEvent | None = None  # made when recorded (new_pate_event), or restored from a checkpoint
         dp_gen = (dp_generator(deterministic=ctx.deterministic_noise, seed=ctx.seed, device=str(device))
                   if budget.private else None)
         max_steps = ctx.capped_steps(hp["steps"])
-        start = 0
-        ckpt = Checkpointer.in_run(ctx.run_dir, CHECKPOINT, self._fingerprint(budget), every=hp["checkpoint_every"])
-        saved = ckpt.load()
-
-        # labels of the generated samples: uniform on images; on tables the Laplace-released class proportions
-        self.proportions: np.ndarray | None = None
-        rest = budget  # what the PATE queries may spend
-        if ctx.kind == "table":  # released once per run directory: a re-run reuses (and charges once) that release
-            self.proportions, rest = self.release_class_proportions(private, budget, ledger, hp["class_ratio_epsilon"])
-        if saved is not None:
-            state, start = saved.state, saved.step
-            for module, key in ((G, "G"), (opt_g, "opt_g"), (S, "S"), (opt_s, "opt_s"), (ens, "teachers"),
-                                (ens.optimizer, "opt_teachers"), (parts, "partitions")):
-                module.load_state_dict(state[key])
-            gen.set_state(state["gen"])
-            # the ledger as saved: the queries made before the checkpoint, charged once (the class proportions were
-            # charged again just above, from their saved release)
-            restored = saved.restore_ledger(ledger)
-            event_id: int | None = None
-            if budget.private:
-                event_id = restored[-1]
-                event = ledger.events[event_id]
-                if ctx.deterministic_noise:
-                    dp_gen.set_state(state["dp_gen"])
-            log.info("resuming pate_gan from %s at step %d", ckpt.path, start)
-        elif budget.private:
-            event = new_pate_event(ledger, hp, label=f"pate_gan student labels ({n_teachers} teachers, 2 bins)",
-                                   max_queries=max_steps * b)
-            event_id = ledger.add(event)
-        else:
-            event_id = None
-            ledger.add(NonPrivateEvent(label="pate_gan trained without noise (eps=inf): plain argmax of the votes"))
-        if event is not None:
-            log_pate_allowance("pate_gan", event, rest, per_step=b, unit="steps")
-
-        self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": m}
-        t0 = time.perf_counter()
-        step, s_loss = start, math.nan
-        G.train()
-        S.train()
+        state = {"G": G, "opt_g": opt_g, "S": S, "opt_s": opt_s, "teachers": ens, "opt_teachers": ens.optimizer,
+                 "partitions": parts, "gen": gen, "dp_gen": dp_gen if ctx.deterministic_noise else None}
         # the bar shows what the run may publish: steps, epsilon spent and the answered share (Confident-GNMax outputs)
-        bar = tqdm(total=max_steps, initial=start, desc="pate_gan steps", leave=False, disable=None)
-        while step < max_steps:
-            y = self._labels(b, gen).to(device)
-            z = torch.randn(b, hp["z_dim"], generator=gen).to(device)
-            fake = G(z, y)
-            # teachers: their own partitions' rows vs the generator's current samples
-            teacher_update(ens, parts, x_all, y_all, fake, y, steps=hp["teacher_steps"], batch=tb)
-            # queries: fresh generated samples, labelled by the teachers' aggregated votes
-            yq = self._labels(b, gen).to(device)
-            zq = torch.randn(b, hp["z_dim"], generator=gen).to(device)
-            with torch.no_grad():
-                xq = G(zq, yq)
-                cut = None if hp["vote_quantile"] is None else vote_cuts(
-                    ens.forward_shared(fake.detach(), y), hp["vote_quantile"])
-                votes = binary_votes(ens.forward_shared(xq, yq), cut)
-            if event is not None:
-                # would this step's queries (GNMax charged for all) overspend?
-                trial = ledger.events[event_id].with_queries(votes, torch.ones(b, dtype=torch.bool))
-                if ledger.would_exceed(trial, replacing=event_id):
-                    self.train_log["stopped_by"] = "budget"
-                    break
-            answered, label = student_labels(
-                votes, generator=dp_gen,
-                sigma_threshold=hp["sigma_threshold"] if event is not None else None,
-                sigma=hp["sigma"] if event is not None else None,
-                threshold=hp["threshold"] if event is not None else None,
-            )
-            if event is not None:
-                ledger.record_pate_queries(event_id, votes, answered)  # before the answers are used
-            # student: only the answered generated samples, with the teachers' labels
-            for _ in range(hp["student_steps"]):
-                s_loss = student_step(S, opt_s, xq[answered], yq[answered], label[answered])
-            # generator: fool the student (non-saturating loss); the ladder's first rung: fool the teachers themselves
-            if hp["inf_signal"] == "teachers":
-                g_loss = ensemble_generator_loss(ens, fake, y)
+        with FitSession(ctx, ledger, CHECKPOINT, self._fingerprint(budget), state=state, total=max_steps,
+                        desc="pate_gan steps", every=hp["checkpoint_every"]) as s:
+            # labels of the generated samples: uniform on images; on tables the Laplace-released class proportions
+            self.proportions: np.ndarray | None = None
+            rest = budget  # what the PATE queries may spend
+            if ctx.kind == "table":  # released once per run directory: a re-run reuses (and charges once) that release
+                self.proportions, rest = self.release_class_proportions(private, budget, ledger,
+                                                                        hp["class_ratio_epsilon"])
+            # the run's Confident-GNMax event (its queries grown each step), restored with the ledger on resume
+            if budget.private:
+                s.open(lambda: new_pate_event(ledger, hp, label=f"pate_gan student labels ({n_teachers} teachers, "
+                                              "2 bins)", max_queries=max_steps * b))
+                log_pate_allowance("pate_gan", s.event, rest, per_step=b, unit="steps")
             else:
-                logits = S(fake, y)
-                g_loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits))
-            opt_g.zero_grad(set_to_none=True)
-            g_loss.backward(inputs=list(G.parameters()))  # only G's gradients (never into S or the teachers)
-            opt_g.step()
-            step += 1
-            eps_now = ledger.epsilon() if event is not None else math.inf  # once a step: for the bar and the log
-            bar.update(1)
-            bar.set_postfix(eps=f"{eps_now:.3f}", answered=f"{float(answered.float().mean()):.2f}",
-                            **filter_fill(event), refresh=False)
-            if step % 50 == 0 or step == 1:
-                log.info("pate_gan step %d: %d of %d answered, %.3f voted real; S loss %.3f, G loss %.3f; eps %.4f (%s)",
-                         step, int(answered.sum()), b, float(label[answered].float().mean()) if answered.any() else 0.0,
-                         s_loss, g_loss.item(), eps_now, hp["bound"])
-            if ckpt.due(step):
-                ckpt.save(step, {
-                    "G": G.state_dict(),
-                    "opt_g": opt_g.state_dict(), "S": S.state_dict(), "opt_s": opt_s.state_dict(),
-                    "teachers": ens.state_dict(), "opt_teachers": ens.optimizer.state_dict(),
-                    "partitions": parts.state_dict(), "gen": gen.get_state(),
-                    "dp_gen": dp_gen.get_state() if (dp_gen is not None and ctx.deterministic_noise) else None,
-                }, ledger)
-        bar.close()
+                s.open(NonPrivateEvent(label="pate_gan trained without noise (eps=inf): plain argmax of the votes"))
+            private_run = s.event is not None
+
+            self.train_log: dict[str, Any] = {"stopped_by": "steps", "teacher_batch": tb, "partition_size": m}
+            t0 = time.perf_counter()
+            s_loss = math.nan
+            G.train()
+            S.train()
+            for step in s.steps():
+                y = self._labels(b, gen).to(device)
+                z = torch.randn(b, hp["z_dim"], generator=gen).to(device)
+                fake = G(z, y)
+                # teachers: their own partitions' rows vs the generator's current samples
+                teacher_update(ens, parts, x_all, y_all, fake, y, steps=hp["teacher_steps"], batch=tb)
+                # queries: fresh generated samples, labelled by the teachers' aggregated votes
+                yq = self._labels(b, gen).to(device)
+                zq = torch.randn(b, hp["z_dim"], generator=gen).to(device)
+                with torch.no_grad():
+                    xq = G(zq, yq)
+                    cut = None if hp["vote_quantile"] is None else vote_cuts(
+                        ens.forward_shared(fake.detach(), y), hp["vote_quantile"])
+                    votes = binary_votes(ens.forward_shared(xq, yq), cut)
+                # would this step's queries (GNMax charged for all) overspend? then stop: s.stopped_by == "budget"
+                if private_run and s.would_exceed(s.event.with_queries(votes, torch.ones(b, dtype=torch.bool))):
+                    break
+                answered, label = student_labels(
+                    votes, generator=dp_gen,
+                    sigma_threshold=hp["sigma_threshold"] if private_run else None,
+                    sigma=hp["sigma"] if private_run else None,
+                    threshold=hp["threshold"] if private_run else None,
+                )
+                if private_run:
+                    s.charge_queries(votes, answered)  # before the answers are used
+                # student: only the answered generated samples, with the teachers' labels
+                for _ in range(hp["student_steps"]):
+                    s_loss = student_step(S, opt_s, xq[answered], yq[answered], label[answered])
+                # generator: fool the student (non-saturating loss); the ladder's first rung: fool the teachers
+                if hp["inf_signal"] == "teachers":
+                    g_loss = ensemble_generator_loss(ens, fake, y)
+                else:
+                    logits = S(fake, y)
+                    g_loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits))
+                opt_g.zero_grad(set_to_none=True)
+                g_loss.backward(inputs=list(G.parameters()))  # only G's gradients (never into S or the teachers)
+                opt_g.step()
+                eps_now = ledger.epsilon() if private_run else math.inf  # once a step: for the bar and the log
+                s.show(eps=f"{eps_now:.3f}", answered=f"{float(answered.float().mean()):.2f}", **filter_fill(s.event))
+                if (step + 1) % 50 == 0 or step == 0:
+                    log.info("pate_gan step %d: %d of %d answered, %.3f voted real; S loss %.3f, G loss %.3f; eps %.4f "
+                             "(%s)", step + 1, int(answered.sum()), b,
+                             float(label[answered].float().mean()) if answered.any() else 0.0, s_loss, g_loss.item(),
+                             eps_now, hp["bound"])
+        event = s.event
         G.eval()
         self.G, self.device = G, device
-        self.train_log.update(steps=step, fit_s=time.perf_counter() - t0, queries=0 if event is None else event.queries,
+        self.train_log.update(stopped_by=s.stopped_by, steps=s.step, fit_s=time.perf_counter() - t0,
+                              queries=0 if event is None else event.queries,
                               answered=0 if event is None else event.answered, **filter_record(event))
-        log.info("pate_gan: %d steps (stopped by %s), %s", step, self.train_log["stopped_by"],
+        log.info("pate_gan: %d steps (stopped by %s), %s", s.step, s.stopped_by,
                  f"{event.queries} queries, {event.answered} answered" if event is not None else "non-private")
 
     @torch.no_grad()

@@ -40,7 +40,6 @@ import json
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,6 +49,7 @@ from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, RunContext, Samples
 from dpsyn.methods.pe.api import PEAPI, DiffusionAPI, ICGANAPI, Population
 from dpsyn.methods.pe.histogram import dp_nn_histogram, select_parents
+from dpsyn.methods.session import FitSession
 from dpsyn.methods.public_baselines import (
     build_public_pool,
     centroid_labels,
@@ -65,12 +65,12 @@ from dpsyn.privacy import (
     gaussian_mechanism,
     gdp_noise_multiplier,
 )
-from dpsyn.results.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 
 EMBEDDINGS: tuple[str, ...] = ("encoder", "inception")
 CLASS_PROPORTIONS: tuple[str, ...] = ("uniform", "public", "dp")
+CHECKPOINT = "pe.pt"
 CHECKPOINT_VERSION = 1
 
 
@@ -206,32 +206,6 @@ class PE(Method):
         digest = hashlib.sha256(json.dumps([self.ctx.seed, *parts]).encode()).digest()
         return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
-    # ---------------------------------------------------------------- checkpoints
-
-    def _ckpt_path(self) -> Path | None:
-        if self.ctx.run_dir is None or not bool(self.cfg.get("checkpoint", True)):
-            return None
-        return Path(self.ctx.run_dir) / "checkpoints" / "pe.pt"
-
-    def _checkpointer(self) -> Checkpointer:
-        return Checkpointer(self._ckpt_path(), self.fingerprint, version=CHECKPOINT_VERSION)
-
-    def _save(self, state: dict[str, Any], ledger: PrivacyLedger) -> None:
-        self._checkpointer().save(state["iteration"], {**state, "history": self.history}, ledger)
-
-    def _resume(self, ledger: PrivacyLedger) -> dict[str, Any] | None:
-        saved = self._checkpointer().load()  # another calibration, schedule, population, backend or seed: refused
-        if saved is None:
-            return None
-        # (refuses a ledger holding events of this attempt; merges the run's journal: the releases an interrupted
-        # attempt made after this checkpoint stay charged)
-        saved.restore_ledger(ledger)
-        state = saved.state
-        self.history = list(state.get("history", []))
-        log.info("pe: resuming from %s at iteration %d (%s); ledger restored with %d events", saved.path,
-                 state["iteration"], state["stage"], len(ledger))
-        return state
-
     def fitted_state(self) -> dict[str, Any] | None:
         """The final population and its history; the API is named, not stored (it holds the public models)."""
         state = super().fitted_state() or {}
@@ -251,8 +225,6 @@ class PE(Method):
     def fit(
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
     ) -> None:
-        from tqdm.auto import tqdm
-
         if public is None:
             raise ValueError("pe needs a dataset with public data (e.g. fmnist_all, fmnist_shoes, fmnist_tops, digits)")
         t_start = time.perf_counter()
@@ -281,71 +253,73 @@ class PE(Method):
                                      label=f"pe {what}: sensitivity-1 Gaussian, sigma={sigma:.6g}{declared}")
             return NonPrivateEvent(label=f"pe {what}: no noise (eps=inf){declared}")
 
-        state = self._resume(ledger)
-        priv_emb = embed(private.x)
-        priv_labels = np.asarray(private.y, dtype=np.int64) if self.conditional else None
+        pop: Population | None = None
 
-        if state is None:
-            per_class = self._class_sizes(private, ledger, event, noise_rng)
-            if per_class is None:
-                labels0 = np.full(self.population, -1, dtype=np.int64)
+        def values() -> dict[str, Any]:  # what a checkpoint holds: the population after iteration `iteration`
+            return {"iteration": s.step, "stage": "done", "population": pop.state(), "per_class": self.per_class,
+                    "history": self.history}
+
+        # checkpoints (another calibration, schedule, population, backend or seed is refused): after RANDOM_API,
+        # after every histogram (stage "histogram": reused on resume, never made again) and after every iteration
+        with FitSession(self.ctx, ledger, CHECKPOINT, self.fingerprint, values=values, total=self.T, desc="pe",
+                        every=1 if bool(self.cfg.get("checkpoint", True)) else 0, version=CHECKPOINT_VERSION,
+                        bar_disable=False) as s:
+            s.open()  # on resume: the checkpoint's ledger, merged with the journal of the interrupted attempt
+            priv_emb = embed(private.x)
+            priv_labels = np.asarray(private.y, dtype=np.int64) if self.conditional else None
+            if s.resumed:
+                state = s.saved.state
+                self.history = list(state.get("history", []))
+                pop = Population.from_state(state["population"])
+                self.per_class = state["per_class"]
+                saved_hist = state.get("histogram") if state["stage"] == "histogram" else None
+                log.info("pe: resuming at iteration %d (%s); ledger restored with %d events", s.step, state["stage"],
+                         len(ledger))
             else:
-                labels0 = np.concatenate([np.full(k, c, dtype=np.int64) for c, k in sorted(per_class.items())])
-            pop = self.api.random_api(labels0, generator=self._generator("random"))
-            self.per_class = per_class
-            self._log_iteration(0, pop, extra={"degree": None})
-            start, saved_hist = 0, None
-            self._save({"iteration": 0, "stage": "done", "population": pop.state(), "per_class": per_class}, ledger)
-        else:
-            pop = Population.from_state(state["population"])
-            self.per_class = state["per_class"]
-            start = int(state["iteration"])
-            saved_hist = state.get("histogram") if state["stage"] == "histogram" else None
-
-        bar = tqdm(range(start, self.T), desc="pe", initial=start, total=self.T, leave=False)
-        for t in bar:
-            degree = self.degrees[t]
-            if saved_hist is not None:  # the release was made before the interruption: reuse it, spend nothing
-                thresholded, note_hist = np.asarray(saved_hist["thresholded"]), "reused from checkpoint"
+                per_class = self._class_sizes(private, ledger, event, noise_rng)
+                if per_class is None:
+                    labels0 = np.full(self.population, -1, dtype=np.int64)
+                else:
+                    labels0 = np.concatenate([np.full(k, c, dtype=np.int64) for c, k in sorted(per_class.items())])
+                pop = self.api.random_api(labels0, generator=self._generator("random"))
+                self.per_class = per_class
+                self._log_iteration(0, pop, extra={"degree": None})
                 saved_hist = None
-            else:
-                charged = self._releases_charged(ledger)
-                if sigma > 0 and charged >= releases:
+                s.save()
+
+            for t in s.steps():
+                degree = self.degrees[t]
+                if saved_hist is not None:  # the release was made before the interruption: reuse it, spend nothing
+                    thresholded, note_hist = np.asarray(saved_hist["thresholded"]), "reused from checkpoint"
+                    saved_hist = None
+                else:
                     # sigma was calibrated for `releases`: a killed attempt's releases after its last checkpoint
                     # (kept from the journal) take the place of the last iterations
-                    made = t + int(self.conditional and self.class_proportions == "dp")
-                    log.warning("pe: %d of the %d planned releases are charged, %d of them by an interrupted attempt "
-                                "after its last checkpoint (kept from the run's journal): stopping after iteration "
-                                "%d of %d (fewer iterations, epsilon within the target)", charged, releases,
-                                charged - made, t, self.T)
-                    break
-                syn_emb = self._lookahead_embedding(pop, degree, embed, t)
-                ledger.add(event(f"histogram {t + 1}/{self.T}"))
-                hist = dp_nn_histogram(
-                    priv_emb, syn_emb, noise_multiplier=sigma, threshold=self.threshold, rng=noise_rng,
-                    private_labels=priv_labels, synthetic_labels=pop.labels if self.conditional else None,
-                    num_nearest=self.num_nearest, backend=self.knn_backend, nn_index=self.nn_index,
+                    if sigma > 0 and s.plan_spent(self._releases_charged(ledger), releases):
+                        break
+                    syn_emb = self._lookahead_embedding(pop, degree, embed, t)
+                    s.charge(event(f"histogram {t + 1}/{self.T}"))
+                    hist = dp_nn_histogram(
+                        priv_emb, syn_emb, noise_multiplier=sigma, threshold=self.threshold, rng=noise_rng,
+                        private_labels=priv_labels, synthetic_labels=pop.labels if self.conditional else None,
+                        num_nearest=self.num_nearest, backend=self.knn_backend, nn_index=self.nn_index,
+                    )
+                    thresholded, note_hist = hist.thresholded, ""
+                    s.save(stage="histogram", histogram={"noisy": hist.noisy, "thresholded": hist.thresholded})
+                parents, note = select_parents(
+                    thresholded, self.population, mode=self.selection, rng=np.random.default_rng([self.ctx.seed, t]),
+                    rank_keep=float(self.cfg.rank_keep), labels=pop.labels if self.conditional else None,
+                    per_class=self.per_class,
                 )
-                thresholded, note_hist = hist.thresholded, ""
-                self._save({"iteration": t, "stage": "histogram", "population": pop.state(),
-                            "per_class": self.per_class,
-                            "histogram": {"noisy": hist.noisy, "thresholded": hist.thresholded}}, ledger)
-            parents, note = select_parents(
-                thresholded, self.population, mode=self.selection, rng=np.random.default_rng([self.ctx.seed, t]),
-                rank_keep=float(self.cfg.rank_keep), labels=pop.labels if self.conditional else None,
-                per_class=self.per_class,
-            )
-            pop = self.api.variation_api(pop.take(parents), degree=degree, generator=self._generator("variation", t))
-            extra = {"degree": degree, "nonzero_counts": int((thresholded > 0).sum()),
-                     "distinct_parents": int(len(np.unique(parents)))}
-            if note or note_hist:
-                extra["note"] = "; ".join(x for x in (note, note_hist) if x)
-            metrics = self._log_iteration(t + 1, pop, extra=extra)
-            if metrics:
-                bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if isinstance(v, float)})
-            self._save({"iteration": t + 1, "stage": "done", "population": pop.state(), "per_class": self.per_class},
-                       ledger)
-        bar.close()
+                pop = self.api.variation_api(pop.take(parents), degree=degree,
+                                             generator=self._generator("variation", t))
+                extra = {"degree": degree, "nonzero_counts": int((thresholded > 0).sum()),
+                         "distinct_parents": int(len(np.unique(parents)))}
+                if note or note_hist:
+                    extra["note"] = "; ".join(x for x in (note, note_hist) if x)
+                metrics = self._log_iteration(t + 1, pop, extra=extra)
+                if metrics:
+                    s.show(**{k: f"{v:.3g}" for k, v in metrics.items() if isinstance(v, float)})
         self.final = pop
         self.fit_seconds = time.perf_counter() - t_start
 
