@@ -38,6 +38,7 @@ import math
 from typing import Any
 
 import numpy as np
+from dpsyn.config.schema import NN_INDEXES as KINDS
 
 try:  # faiss-cpu is a dependency; faiss-gpu (the `gpu` extra) replaces it on GPU machines
     import faiss
@@ -46,7 +47,6 @@ except ImportError:  # pragma: no cover - exercised only where faiss is missing
 
 log = logging.getLogger(__name__)
 
-KINDS: tuple[str, ...] = ("auto", "flat", "ivf", "hnsw")
 METRICS: tuple[str, ...] = ("l2", "ip")
 AUTO_MIN_ROWS = 20_000
 """``auto`` picks ``ivf`` from this many indexed rows on (CPU). Below it the exact search costs about a second or less

@@ -17,7 +17,7 @@ only the best trial. ``eps`` is the target of the whole search; each trial train
    holds a key that could change a trial's accounting is refused in one line naming the key and why. Stopping at
    trial i instead, when its curve turned out to differ, would reveal K >= i, and K must stay secret. The rule is
    an allowlist: only ``method.<key>`` settings whose ``<key>`` the method's
-   :data:`dpsyn.config.schema.METHOD_FACTS` lists in ``tunable_keys`` may be tuned, the keys read from its ``fit``
+   class (:class:`dpsyn.methods.base.Method`) lists in ``tunable_keys`` may be tuned, the keys read from its ``fit``
    and shown not to enter its accounting (learning rates, widths, post-processing, a clip norm the noise is
    calibrated in units of); its ``accounting_keys`` (batch size, epochs, steps, iterations, teachers or critics,
    noise, budget shares, ...) are refused, and so is any key in neither list (a new hyperparameter is not tunable
@@ -127,11 +127,12 @@ _NOT_METHOD = {
 
 def untunable_keys(method: str, keys: Iterable[str]) -> dict[str, str]:
     """``{key: why}`` for every key of ``keys`` that a private search of ``method`` may not tune: only
-    ``method.<key>`` with ``<key>`` (the first part of a nested key) in ``METHOD_FACTS[method].tunable_keys`` may
-    (module docstring, item 3). Imports neither torch nor the method."""
-    from dpsyn.config import METHOD_FACTS, METHOD_SCHEMAS
+    ``method.<key>`` with ``<key>`` (the first part of a nested key) in the method class's ``tunable_keys`` may
+    (module docstring, item 3)."""
+    from dpsyn.config import METHOD_SCHEMAS
+    from dpsyn.methods import METHODS
 
-    facts = METHOD_FACTS.get(method)
+    facts = METHODS.get(method) if method in METHODS else None
     schema = METHOD_SCHEMAS.get(method)
     fields = set(schema.__dataclass_fields__) if schema is not None else set()
     out: dict[str, str] = {}
@@ -161,17 +162,18 @@ def check_space(cfg: DictConfig, space: dict[str, Any], trial_eps: float) -> Non
     Raises:
         ConfigError: one line naming the offending keys and why; nothing trained or released.
     """
-    from dpsyn.config import METHOD_FACTS, validate
+    from dpsyn.config import validate
+    from dpsyn.methods import METHODS
 
     method = str(cfg.method.name)
     bad = untunable_keys(method, space)
     if bad:
-        facts = METHOD_FACTS.get(method)
+        facts = METHODS.get(method) if method in METHODS else None
         tunable = ", ".join(f"method.{k}" for k in facts.tunable_keys) if facts and facts.tunable_keys else "none"
         raise ConfigError(
             f"tuning.space: {'; '.join(f'{k} {why}' for k, why in bad.items())}: a private search tunes only "
             "settings that leave every trial's RDP curve the same (decided before the secret number of trials is "
-            f"drawn); tunable for {method}: {tunable} (dpsyn.config.schema.METHOD_FACTS); nothing was trained or "
+            f"drawn); tunable for {method}: {tunable} (its class's tunable_keys); nothing was trained or "
             "released")
     corners = {key: _corners(sweep) for key, sweep in space.items()}
     combos = math.prod(len(v) for v in corners.values())
@@ -324,12 +326,12 @@ def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                             f"cost eps {cost.epsilon():.4g} > eps={opts['eps']:g} ({dist} trials): lower "
                             "tuning.trial_eps or tuning.mean_trials; nothing was released")
                 elif not np.allclose(c, curve, rtol=1e-9, atol=1e-12):
-                    # unreachable when METHOD_FACTS is right (check_space); neither the trial's index nor its
+                    # unreachable when the classes' tunable_keys are right (check_space); neither the trial's index nor its
                     # settings (drawn from public randomness, they would give the index) are named
                     raise RuntimeError(
                         f"dpsyn bug: a private-tuning trial spent another RDP curve than the first, although every "
                         f"key of tuning.space ({', '.join(space)}) is declared free of {cfg.method.name}'s accounting "
-                        "(dpsyn.config.schema.METHOD_FACTS): one is not; please report it. Stopping here reveals "
+                        "(its class's tunable_keys): one is not; please report it. Stopping here reveals "
                         "that the secret number of trials is at least 2; nothing was released")
                 if best is None or result["metrics"][SCORE] > best["score"]:
                     best = {"score": float(result["metrics"][SCORE]), "params": params, "dir": tdir, "result": result}

@@ -112,3 +112,32 @@ def _check_pinned(method: str, run_dir: Path) -> None:
     assert digest == pinned[method], (
         f"{method}: the pinned run's samples or ledger changed on {machine!r}; if that is meant, re-record "
         "(DPSYN_RECORD_PINNED=1)")
+
+
+def _public_methods() -> list:
+    return [pytest.param(m, marks=() if m in ("dp_gan_ft", "dp_mepf") else pytest.mark.slow)
+            for m in METHODS.names() if METHODS.get(m).needs_public]
+
+
+@pytest.mark.parametrize("method", _public_methods())
+def test_a_run_does_not_depend_on_whether_the_public_models_were_cached(method: str, make_cfg, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training the public models (a cache miss) draws from the global generators; loading them does not. A run must
+    be the same either way: here the load is followed by draws, as a miss would make them."""
+    import torch
+
+    from dpsyn.methods.base import Method
+    from dpsyn.task import run
+
+    cfg = make_cfg(*BASE, *TINY[method])
+    run(cfg, tmp_path / "hit")
+    load = Method.public_models
+
+    def load_as_a_miss(self):
+        models = load(self)
+        torch.rand(1000), np.random.rand(1000)  # what training them would have drawn
+        return models
+
+    monkeypatch.setattr(Method, "public_models", load_as_a_miss)
+    run(cfg, tmp_path / "miss")
+    assert run_digest(tmp_path / "hit") == run_digest(tmp_path / "miss")

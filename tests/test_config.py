@@ -117,10 +117,10 @@ def test_preflight_reads_method_keys_of_the_method_the_command_line_names_in_an_
 
 
 def test_method_needing_public_data_is_refused_on_a_dataset_without(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the preflight reads a method's facts from the schema module (no torch), not from the method class
-    from dpsyn.config import METHOD_FACTS, MethodFacts
+    # the preflight reads a method's facts from the generated catalog (no torch), not from the method class
+    from dpsyn.config import catalog
 
-    monkeypatch.setitem(METHOD_FACTS, "needs_public_stub", MethodFacts(needs_public=True))
+    monkeypatch.setitem(catalog.METHODS, "needs_public_stub", {"kinds": ("image", "table"), "needs_public": True})
     cfg = compose_cfg(["dataset=fmnist"])
     with open_dict(cfg):
         cfg.method.name = "needs_public_stub"

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 
 from dpsyn.cli.config_check import ConfigError, check_composed, group_options, preflight
-from dpsyn.config import METHOD_FACTS, METHOD_SCHEMAS, fingerprint, resolve_pate_noise, validate
+from dpsyn.config import METHOD_SCHEMAS, fingerprint, resolve_pate_noise, validate
 from dpsyn.paths import REPO_DIR
 from tests.conftest import compose_cfg
 
@@ -107,23 +107,18 @@ def test_preflight_turns_hydra_errors_and_every_swept_value_into_one_line(argv: 
     assert str(err.value).startswith(expected) and "\n" not in str(err.value)
 
 
-def test_method_facts_and_schemas_agree_with_the_methods() -> None:
+def test_the_preflight_catalog_is_generated_from_the_method_classes() -> None:
+    """dpsyn/config/catalog.py (what the preflight knows of each method without importing it) is what
+    ``make docs`` writes from the classes now, and every method has its schema and its yaml."""
+    from dpsyn.config.catalog import METHODS as CATALOG
     from dpsyn.methods import METHODS
-    from dpsyn.methods.g_pate import TEACHER_ARCHS
-    from dpsyn.privacy import ACCOUNTANTS, PATE_BOUNDS
-    from dpsyn.config import ACCOUNTANTS as SCHEMA_ACCOUNTANTS
-    from dpsyn.config.schema import GPATESchema
+    from dpsyn.methods.catalog import CATALOG_PATH, catalog_text
 
+    assert CATALOG_PATH.read_text() == catalog_text(), "dpsyn/config/catalog.py is stale: run `make docs`"
     names = set(METHODS.names())
-    assert set(METHOD_FACTS) == names == set(METHOD_SCHEMAS) == set(group_options("method"))
+    assert set(CATALOG) == names == set(METHOD_SCHEMAS) == set(group_options("method"))
     for name in names:
-        cls = METHODS.get(name)
-        assert (tuple(cls.kinds), bool(cls.needs_public)) == (METHOD_FACTS[name].kinds, METHOD_FACTS[name].needs_public)
         assert OmegaConf.get_type(compose_cfg([f"method={name}"]).method) is METHOD_SCHEMAS[name]
-    assert tuple(SCHEMA_ACCOUNTANTS) == tuple(ACCOUNTANTS)
-    fields = GPATESchema.__dataclass_fields__
-    assert tuple(fields["bound"].metadata["choices"]) == tuple(PATE_BOUNDS)
-    assert tuple(fields["teacher_arch"].metadata["choices"]) == tuple(TEACHER_ARCHS)
 
 
 def test_the_private_tuning_facts_name_fields_of_the_methods_schemas() -> None:
@@ -132,7 +127,8 @@ def test_the_private_tuning_facts_name_fields_of_the_methods_schemas() -> None:
     tests/test_private_tuning.py shows on the methods' own ledgers that no tunable key changes the curve."""
     from dpsyn.methods import METHODS
 
-    for name, facts in METHOD_FACTS.items():
+    for name in METHODS.names():
+        facts = METHODS.get(name)
         fields = set(METHOD_SCHEMAS[name].__dataclass_fields__)
         acc, tun = set(facts.accounting_keys), set(facts.tunable_keys)
         assert acc <= fields and tun <= fields, (name, sorted((acc | tun) - fields))
@@ -143,34 +139,6 @@ def test_the_private_tuning_facts_name_fields_of_the_methods_schemas() -> None:
             assert not tun, name
         elif METHODS.get(name).output_depends_on_eps():  # spends privacy: its accounting reads something
             assert acc, name
-
-
-def test_schema_choices_match_the_methods_constants() -> None:
-    from dpsyn.config import schema
-    from dpsyn.methods.dp_mepf import COUNTS, MOMENTS
-    from dpsyn.methods.dp_mge import CLASS_COUNTS
-    from dpsyn.methods.pe.api import BACKENDS, CONDITIONS
-    from dpsyn.methods.pe.histogram import BACKENDS as KNN_BACKENDS
-    from dpsyn.methods.pe.histogram import SELECTIONS
-    from dpsyn.methods.pe.method import CLASS_PROPORTIONS, EMBEDDINGS
-    from dpsyn.methods.public_baselines import OTHER_CLASSES
-    from dpsyn.nn_index import KINDS as NN_INDEXES
-    from dpsyn.privacy import CALIBRATIONS
-
-    def choices(cls: type, name: str) -> set:
-        return set(cls.__dataclass_fields__[name].metadata["choices"])
-
-    assert choices(schema.DPMEPFSchema, "moments") == set(MOMENTS)
-    assert choices(schema.DPMEPFSchema, "class_counts") == set(COUNTS)
-    assert choices(schema.DPMGESchema, "class_counts") == set(CLASS_COUNTS)
-    assert choices(schema.DPMGESchema, "calibration") == set(CALIBRATIONS)
-    pe = {"backend": BACKENDS, "condition": CONDITIONS, "knn_backend": KNN_BACKENDS, "selection": SELECTIONS,
-          "class_proportions": CLASS_PROPORTIONS, "embedding": EMBEDDINGS, "other_classes": OTHER_CLASSES,
-          "nn_index": NN_INDEXES}
-    for name, allowed in pe.items():
-        assert choices(schema.PESchema, name) == set(allowed), name
-    for cls in (schema.DPDRESchema, schema.PublicUniformSchema):
-        assert choices(cls, "other_classes") == set(OTHER_CLASSES)
 
 
 # ---- fingerprints ------------------------------------------------------------------------------------------------

@@ -328,10 +328,12 @@ def test_a_space_of_settings_outside_the_accounting_runs_every_trial(make_cfg, t
 
 def test_every_declared_tunable_key_passes_and_every_accounting_key_is_refused() -> None:
     """The check is the declared facts, for every registered method (a key in neither list is refused)."""
-    from dpsyn.config import METHOD_FACTS, METHOD_SCHEMAS
+    from dpsyn.config import METHOD_SCHEMAS
+    from dpsyn.methods import METHODS
     from dpsyn.private_tuning import untunable_keys
 
-    for name, facts in METHOD_FACTS.items():
+    for name in METHODS.names():
+        facts = METHODS.get(name)
         assert untunable_keys(name, [f"method.{k}" for k in facts.tunable_keys]) == {}, name
         bad = untunable_keys(name, [f"method.{k}" for k in facts.accounting_keys])
         assert set(bad) == {f"method.{k}" for k in facts.accounting_keys}
@@ -347,17 +349,14 @@ def test_every_declared_tunable_key_passes_and_every_accounting_key_is_refused()
 
 
 def test_a_curve_that_differs_anyway_is_reported_as_a_dpsyn_bug(make_cfg, tmp_path: Path, monkeypatch) -> None:
-    """The after-trial comparison stays as an internal check: reached only if METHOD_FACTS wrongly declares a key
+    """The after-trial comparison stays as an internal check: reached only if a method class wrongly declares a key
     tunable (simulated here), it says it is a bug, names neither the trial nor its settings, and releases nothing."""
-    import dataclasses
-
     import dpsyn.task as task
-    from dpsyn.config import METHOD_FACTS
+    from dpsyn.methods import METHODS
     from dpsyn.private_tuning import private_search
 
-    wrong = dataclasses.replace(METHOD_FACTS["dp_gan"], tunable_keys=(*METHOD_FACTS["dp_gan"].tunable_keys,
-                                                                       "batch_size"))
-    monkeypatch.setitem(METHOD_FACTS, "dp_gan", wrong)
+    dp_gan = METHODS.get("dp_gan")
+    monkeypatch.setattr(dp_gan, "tunable_keys", (*dp_gan.tunable_keys, "batch_size"))
     calls: list[int] = []
 
     def fake_run(tcfg, tdir: Path) -> dict:
@@ -411,9 +410,9 @@ def _same(a, b) -> bool:
 
 def test_a_tunable_key_leaves_pate_gans_curve_unchanged_and_an_accounting_key_changes_it(make_cfg,
                                                                                          tmp_path: Path) -> None:
-    from dpsyn.config import METHOD_FACTS
+    from dpsyn.methods import METHODS
 
-    facts = METHOD_FACTS["pate_gan"]
+    facts = METHODS.get("pate_gan")
     assert {"lr_g", "student_steps"} <= set(facts.tunable_keys)
     assert {"batch_size", "teachers", "sigma"} <= set(facts.accounting_keys)
     base = _curve(make_cfg, tmp_path, "pate_gan")
@@ -462,12 +461,12 @@ _OTHER_VALUES: dict[str, tuple[str, ...]] = {
 
 
 def test_the_curve_check_covers_every_tunable_key_of_every_method() -> None:
-    from dpsyn.config import METHOD_FACTS
+    from dpsyn.methods import METHODS
 
-    assert set(_OTHER_VALUES) == set(METHOD_FACTS)
+    assert set(_OTHER_VALUES) == set(METHODS.names())
     for name, overrides in _OTHER_VALUES.items():
         keys = [o.split("=", 1)[0].removeprefix("method.") for o in overrides]
-        assert sorted(keys) == sorted(METHOD_FACTS[name].tunable_keys), name
+        assert sorted(keys) == sorted(METHODS.get(name).tunable_keys), name
 
 
 @pytest.mark.slow

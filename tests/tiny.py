@@ -1,53 +1,27 @@
-"""The one place for the tiny per-method overrides that make each method fast in the tests.
+"""The tiny per-method overrides of the test suite, read from the method classes (:attr:`Method.tiny`).
 
 ``TINY[method]`` runs ``method`` end to end in seconds with ``trainer=debug``, on the cheapest dataset it supports
 (the numbers it gives mean nothing). The method tests, the crash-safety and neighbouring-run harnesses and the
-all-methods test (tests/test_all_methods.py) compose their cases from these.
+all-methods test (tests/test_all_methods.py) compose their cases from these; the pieces they are built of live in
+:mod:`dpsyn.methods.tiny`.
 """
 
 from __future__ import annotations
 
-# the embedded public models, shrunk (built once per test session in the test cache; every public-model test shares
-# them because the cache key is the same)
-TINY_PUBLIC = ("public.n_public=600", "public.encoder.epochs=1", "public.generator.steps=20", "public.quality.n=0")
-# no image metric (no evaluation network to train), few samples
-IMAGE_METRICS = ("metrics.names.image=[]", "metrics.n_samples=60")
-TABLE_METRICS = ("metrics.tabular.classifiers=[logreg]", "metrics.n_samples=60")
-# paper 000's embedded case for methods built on public data
-SHOES = ("dataset=fmnist_shoes", "dataset.n_private=600", *TINY_PUBLIC, *IMAGE_METRICS)
+from dpsyn.methods import METHODS
+from dpsyn.methods.tiny import (  # noqa: F401  (re-exported for the tests)
+    IMAGE_METRICS,
+    SHOES,
+    TABLE_METRICS,
+    TINIEST_LOCAL_GAN,
+    TINY_G_PATE,
+    TINY_G_PATE_IMAGE,
+    TINY_GS_WGAN,
+    TINY_LOCAL_GAN,
+    TINY_PATE_GAN,
+    TINY_PE,
+    TINY_PUBLIC,
+)
 
-TINY_PE = ("method.population=60", "method.degrees=[0.6,0.4,0.3]", "method.lookahead=1", "method.threshold=1.0")
-TINY_G_PATE = ("method.teachers=20", "method.batch_size=4", "method.projection_dim=2", "method.sigma_threshold=100",
-               "method.sigma=50", "method.threshold=10")
-TINY_G_PATE_IMAGE = (*TINY_G_PATE, "method.teacher_arch=conv", "method.ndf=2", "method.z_dim=8", "method.ngf=4")
-TINY_PATE_GAN = ("method.teachers=10", "method.batch_size=4", "method.teacher_batch=2", "method.sigma_threshold=100",
-                 "method.sigma=50", "method.threshold=5", "method.ndf=2", "method.student_ndf=4", "method.z_dim=8",
-                 "method.ngf=4", "method.teacher_chunk=null")
-TINY_GS_WGAN = ("method.critics=20", "method.batch_size=4", "method.critic_steps=1", "method.ndf=2", "method.ngf=4",
-                "method.z_dim=8", "method.iterations=6")
-TINY_LOCAL_GAN = ("method.owners=[0.01,0.02]", "method.attack.per_owner_utility=0")
-# the all-methods case: one small class-conditional MLP pair per owner for one epoch, a small attack
-TINIEST_LOCAL_GAN = (*TINY_LOCAL_GAN, "method.epochs=1", "method.per_class=false", "method.g_hidden=[16]",
-                     "method.d_hidden=[16]", "method.z_dim=8", "method.attack.n_members=20",
-                     "method.attack.monte_carlo=0")
-
-# method -> overrides of its fastest end-to-end run (dataset included); add a new method here
-TINY: dict[str, tuple[str, ...]] = {
-    "dp_gan": ("method=dp_gan", "dataset=breast_cancer", *TABLE_METRICS),
-    "dp_gan_ft": ("method=dp_gan_ft", *SHOES, "method.pretrain_steps=10", "method.max_public=400"),
-    "dp_gan_mi": ("method=dp_gan_mi", *SHOES),
-    "dp_dre": ("method=dp_dre", *SHOES, "method.public_pool=600"),
-    "dp_mge": ("method=dp_mge", *SHOES),
-    "dp_mepf": ("method=dp_mepf", *SHOES, "method.steps=3", "method.batch_size=12"),
-    "pe": ("method=pe", "dataset=fmnist_shoes", *TINY_PUBLIC, *TINY_PE, "dataset.n_private=300", "metrics.n_real=300",
-           "method.monitor=false", "method.public_pool=300", *IMAGE_METRICS),
-    "g_pate": ("method=g_pate", "dataset=breast_cancer", *TINY_G_PATE, "method.d_hidden=[8]", "method.g_hidden=[8]",
-               "method.z_dim=4", *TABLE_METRICS),
-    "pate_gan": ("method=pate_gan", "dataset=breast_cancer", *TINY_PATE_GAN, *TABLE_METRICS),
-    "gs_wgan": ("method=gs_wgan", "dataset=fmnist", *TINY_GS_WGAN, *IMAGE_METRICS),
-    "public_uniform": ("method=public_uniform", *SHOES, "method.public_pool=600"),
-    "icgan_nonprivate": ("method=icgan_nonprivate", *SHOES),
-    "gan": ("method=gan", "dataset=fmnist", *TINIEST_LOCAL_GAN, *IMAGE_METRICS),
-    "privgan": ("method=privgan", "dataset=fmnist", *TINIEST_LOCAL_GAN, *IMAGE_METRICS),
-    "real": ("method=real", "dataset=breast_cancer", *TABLE_METRICS),
-}
+# method -> overrides of its fastest end-to-end run (dataset included): the class's ``tiny``
+TINY: dict[str, tuple[str, ...]] = {name: tuple(METHODS.get(name).tiny) for name in METHODS.names()}

@@ -3,7 +3,7 @@
 Hydra itself rejects unknown keys and wrong types (each group's yaml extends its typed schema, dpsyn.config);
 these add what Hydra cannot know: the registered methods and datasets, the ranges and cross-field rules the schemas
 declare (:func:`dpsyn.config.validate`), and which methods need a dataset with public data. Nothing here imports
-torch (the facts about methods come from dpsyn.config.schema).
+torch (the facts about dpsyn's own methods come from dpsyn.config.catalog; a plugin's, from its class).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dpsyn.config import ACCOUNTANTS, METHOD_FACTS, ConfigError, hydra_error_line, load_group, validate
+from dpsyn.config import ACCOUNTANTS, ConfigError, hydra_error_line, load_group, method_facts, method_names, validate
 from dpsyn.paths import CONF_DIR
 
 __all__ = ["ConfigError", "check_composed", "check_delta", "check_eps", "group_options", "preflight"]
@@ -65,8 +65,9 @@ def check_composed(cfg: Any) -> None:
     cross-field rules, and the method's dataset kinds and public data."""
     from dpsyn.data import DATASETS
 
-    if cfg.method.name not in METHOD_FACTS:
-        raise ConfigError(f"method={cfg.method.name}: unknown method; allowed: {', '.join(sorted(METHOD_FACTS))}")
+    facts = method_facts(cfg.method.name)
+    if facts is None:
+        raise ConfigError(f"method={cfg.method.name}: unknown method; allowed: {', '.join(method_names())}")
     if cfg.dataset.name not in DATASETS:
         raise ConfigError(f"dataset={cfg.dataset.name}: unknown dataset; allowed: {', '.join(DATASETS.names())}")
     check_eps(cfg.eps)
@@ -76,7 +77,6 @@ def check_composed(cfg: Any) -> None:
             f"privacy.accountant={cfg.privacy.accountant}: unknown accountant; allowed: {', '.join(ACCOUNTANTS)}"
         )
     validate(cfg)
-    facts = METHOD_FACTS[cfg.method.name]
     if facts.needs_public and not cfg.dataset.get("public"):
         raise ConfigError(
             f"dataset={cfg.dataset.name}: method {cfg.method.name} needs public data and this dataset has none; "
@@ -194,6 +194,8 @@ def _check_overrides(args: list[str], combos: dict[str, list[Any]], conf_dir: Pa
         values = _values(o)
         if key in GROUPS:
             allowed = group_options(key, conf_dir)
+            if key == "method":  # and the plugins' (dpsyn.plugins), registered without a yaml
+                allowed = sorted(set(allowed) | set(method_names()))
             if searchpath:
                 from hydra.core.global_hydra import GlobalHydra
 

@@ -17,18 +17,17 @@ from typing import Any
 
 from dpsyn.config.schema import (
     ACCOUNTANTS,
-    METHOD_FACTS,
     METHOD_SCHEMAS,
     PATE_NOISE_KEYS,  # noqa: F401  (re-exported)
     SCHEMAS,
     ConfigError,
-    MethodFacts,
+    MethodSchema,
     SchemaError,
     resolve_pate_noise,
 )
 
-__all__ = ["ACCOUNTANTS", "METHOD_FACTS", "METHOD_SCHEMAS", "SCHEMAS", "ConfigError", "MethodFacts", "SchemaError",
-           "eps_at_least", "fingerprint", "hydra_error_line", "load_group", "register", "resolve_pate_noise", "schema_of", "validate"]
+__all__ = ["ACCOUNTANTS", "METHOD_SCHEMAS", "SCHEMAS", "ConfigError", "MethodFacts", "SchemaError", "add_method_schema",
+           "eps_at_least", "method_facts", "method_names", "fingerprint", "hydra_error_line", "load_group", "register", "resolve_pate_noise", "schema_of", "validate"]
 
 VALIDATED_GROUPS = ("method", "dataset", "privacy", "trainer", "metrics", "public")
 
@@ -41,6 +40,61 @@ def register() -> None:
     for group, schemas in SCHEMAS.items():
         for name, schema in schemas.items():
             cs.store(group=f"schema/{group}", name=name, node=schema)
+
+
+def add_method_schema(name: str, schema: type) -> None:
+    """Register a method's schema from outside dpsyn (:func:`dpsyn.methods.register_method`): in :data:`SCHEMAS`,
+    and in Hydra's ConfigStore as ``schema/method/<name>`` (for a yaml to extend) and as the option
+    ``method=<name>`` itself (its defaults: the method's).
+
+    Raises:
+        ValueError: ``name`` has a schema already, the schema is no :class:`MethodSchema` dataclass, or its ``name``
+            default is not ``name``.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    if not (dataclasses.is_dataclass(schema) and issubclass(schema, MethodSchema)):
+        raise ValueError(f"method {name!r}: its schema must be a dataclass subclassing dpsyn.config.schema.MethodSchema")
+    default = next((f.default for f in dataclasses.fields(schema) if f.name == "name"), None)
+    if default != name:
+        raise ValueError(f"method {name!r}: its schema's name field defaults to {default!r}; set name: str = {name!r}")
+    if SCHEMAS["method"].get(name, schema) is not schema:
+        raise ValueError(f"method {name!r} has a schema already")
+    SCHEMAS["method"][name] = METHOD_SCHEMAS[name] = schema
+    cs = ConfigStore.instance()
+    cs.store(group="schema/method", name=name, node=schema)
+    cs.store(group="method", name=name, node=schema)
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodFacts:
+    """What the preflight must know about a method before importing it: the dataset kinds it supports and whether
+    it needs public data (:class:`dpsyn.methods.base.Method`'s ``kinds`` and ``needs_public``)."""
+
+    kinds: tuple = ("image", "table")
+    needs_public: bool = False
+
+
+def method_facts(name: str) -> MethodFacts | None:
+    """The facts of method ``name``: dpsyn's own from :mod:`dpsyn.config.catalog` (no method module is imported), a
+    plugin's from its class (:func:`dpsyn.plugins.load_plugins` imports the plugins, if any); None for an unknown
+    name."""
+    from dpsyn.config.catalog import METHODS
+
+    if name in METHODS:
+        return MethodFacts(**METHODS[name])
+    from dpsyn.plugins import load_plugins
+
+    cls = load_plugins().get(name)
+    return None if cls is None else MethodFacts(tuple(cls.kinds), bool(cls.needs_public))
+
+
+def method_names() -> list[str]:
+    """Every method name the preflight accepts: dpsyn's own and the plugins'."""
+    from dpsyn.config.catalog import METHODS
+    from dpsyn.plugins import load_plugins
+
+    return sorted({*METHODS, *load_plugins()})
 
 
 def eps_at_least(eps: Any, at_least: Any, then: Any, otherwise: Any) -> Any:

@@ -11,8 +11,8 @@ says what it does and, where a paper's setting differs from the embedded default
 is generated from them (``make docs``). This module imports neither torch nor a method module: the preflight
 runs on it alone.
 
-Facts the preflight needs about a method before importing it (dataset kinds, whether it needs public data) are in
-:data:`METHOD_FACTS`; ``tests/test_config.py`` checks them against the registered method classes.
+Facts about a method are its class's (:class:`dpsyn.methods.base.Method`); what the preflight needs of them before
+importing a method (dataset kinds, whether it needs public data) is :mod:`dpsyn.config.catalog`, generated.
 """
 
 from __future__ import annotations
@@ -39,6 +39,21 @@ GT0 = {"gt": 0}             # a number > 0
 FRACTION = {"gt": 0, "le": 1}   # in (0, 1]
 ADAM_BETA = {"ge": 0, "lt": 1}  # in [0, 1)
 WIDTHS = {"nonempty": True, "items": {"ge": 1}}  # a non-empty list of layer widths >= 1
+
+# choices the code and the schemas share: stated here, imported by the code that branches on them
+NN_INDEXES = ("auto", "flat", "ivf", "hnsw")
+TEACHER_ARCHS = ("auto", "gpate", "conv", "dcgan", "mlp")
+CLASS_COUNTS = ("dp", "public")
+MOMENTS = ("m1", "m1_and_m2")
+OTHER_CLASSES = ("nearest", "exclude")
+PE_EMBEDDINGS = ("encoder", "inception")
+PE_CLASS_PROPORTIONS = ("uniform", "public", "dp")
+PE_BACKENDS = ("icgan", "diffusion")
+PE_CONDITIONS = ("random_class", "none")
+KNN_BACKENDS = ("auto", "faiss", "torch")
+PE_SELECTIONS = ("sample", "rank")
+CALIBRATIONS = ("classic", "analytic")
+PATE_BOUNDS = ("data_independent", "data_dependent", "renyi_filter")
 
 
 class ConfigError(ValueError):
@@ -106,7 +121,7 @@ class PublicUniformSchema(MethodSchema):
         None, **POSITIVE,
         help="public rows (seeded subsample) to draw from; null = the whole public split")
     other_classes: str = f(
-        "nearest", choices=("nearest", "exclude"),
+        "nearest", choices=OTHER_CLASSES,
         help="drawn public rows of non-private classes: nearest (public centroid's label) | exclude")
 
 
@@ -220,7 +235,7 @@ class DPDRESchema(MethodSchema):
         None, **POSITIVE,
         help="public rows (seeded subsample) to train D on and draw from; null = the whole public split")
     other_classes: str = f(
-        "nearest", choices=("nearest", "exclude"),
+        "nearest", choices=OTHER_CLASSES,
         help="drawn public rows of non-private classes: nearest (public centroid's label) | exclude")
 
 
@@ -228,7 +243,7 @@ class DPDRESchema(MethodSchema):
 class DPMGESchema(MethodSchema):
     name: str = "dp_mge"
     calibration: str = f(
-        "classic", choices=("classic", "analytic"),
+        "classic", choices=CALIBRATIONS,
         help="classic = paper 000's sigma formula for each release's share, basic composition (ledger: approx-DP "
              "events) analytic = one Balle-Wang calibration for the whole budget, shares composed exactly (ledger: "
              "Gaussian events)")
@@ -239,7 +254,7 @@ class DPMGESchema(MethodSchema):
         False,
         help="true = one Gaussian per private class (disjoint sums: parallel composition); false = the paper's")
     class_counts: str = f(
-        "dp", choices=("dp", "public"),
+        "dp", choices=CLASS_COUNTS,
         help="per-class counts (conditional only): dp = a Gaussian release | public = declared known")
     count_share: float = f(
         0.05, ge=0, lt=1,
@@ -264,19 +279,19 @@ class DPMEPFSchema(MethodSchema):
         None, **POSITIVE,
         help="average-pool each 4-D activation to this side first (null = full maps; e.g. 4 for ResNet-50)")
     moments: str = f(
-        "m1_and_m2", choices=("m1", "m1_and_m2"),
+        "m1_and_m2", choices=MOMENTS,
         help="m1 (mean embedding) | m1_and_m2 (+ element-wise second moment)")
     class_conditional: bool = f(
         True,
         help="per-class embeddings, class-conditional generator (false: one embedding, unlabelled samples)")
     class_counts: str = f(
-        "dp", choices=("dp", "public"),
+        "dp", choices=CLASS_COUNTS,
         help="dp (counts released with the Gaussian mechanism) | public (taken as known, not noised)")
     budget_split: BudgetSplitSchema = field(
         default_factory=BudgetSplitSchema,
         metadata={"help": "fractions of (eps, delta) per release; those of the releases made must sum to 1"})
     calibration: str = f(
-        "classic", choices=("classic", "analytic"),
+        "classic", choices=CALIBRATIONS,
         help="Gaussian noise per release: classic (paper 000's formula) | analytic (Balle & Wang 2018)")
     steps: int = f(
         1000, **NON_NEGATIVE,
@@ -379,7 +394,7 @@ class GPATESchema(PATENoiseSchema):
         help="maximum generator steps (CPU cap, ~15 min on 2 cores; at eps=1 the budget stops first; fmnist eps >= "
              "10: 350; fmnist eps < 10: 400, conf/method_dataset/g_pate_fmnist.yaml)")
     bound: str = f(
-        "data_independent", choices=("data_independent", "data_dependent", "renyi_filter"),
+        "data_independent", choices=PATE_BOUNDS,
         help="RDP bound for stopping and for the reported eps: data_independent | renyi_filter (GNMax paid only when "
              "answered; a true DP bound; fmnist eps < 10) | data_dependent (paper)")
     inf_aggregate: str = f(
@@ -391,7 +406,7 @@ class GPATESchema(PATENoiseSchema):
     z_dim: int = f(50, **POSITIVE, help="(paper: 50 for MNIST)")
     ngf: int = f(32, **POSITIVE, help="generator width (dpsyn.nets.dcgan.CondDCGANGenerator)")
     teacher_arch: str = f(
-        "auto", choices=("auto", "gpate", "conv", "dcgan", "mlp"),
+        "auto", choices=TEACHER_ARCHS,
         help="auto (gpate on images, mlp on tables) | gpate (the authors' teacher: conv, conv, fc, the label at every"
              " layer; dpsyn.nets.ensemble.CondPATETeacher) | conv (label at the first layer only) | dcgan | mlp")
     ndf: int = f(
@@ -470,7 +485,7 @@ class PATEGANSchema(PATENoiseSchema):
         500, **POSITIVE,
         help="maximum generator steps (CPU cap; at eps=1 the budget stops training first: 195 steps)")
     bound: str = f(
-        "data_independent", choices=("data_independent", "data_dependent", "renyi_filter"),
+        "data_independent", choices=PATE_BOUNDS,
         help="RDP bound for stopping and the reported eps: data_independent | renyi_filter | data_dependent")
     class_ratio_epsilon: float = f(
         0.01, **GT0,
@@ -481,7 +496,7 @@ class PATEGANSchema(PATENoiseSchema):
         [64, 64], **WIDTHS,
         help="table generator hidden widths (dpsyn.nets.mlp_gan.CondMLPGenerator; sigmoid output)")
     teacher_arch: str = f(
-        "auto", choices=("auto", "gpate", "conv", "dcgan", "mlp"),
+        "auto", choices=TEACHER_ARCHS,
         help="auto = conv for images, mlp for tables | gpate (G-PATE's teacher: conv, conv, fc, the label at every "
              "layer) | conv | dcgan | mlp (as g_pate; tables: mlp only)")
     ndf: int = f(4, **POSITIVE, help="teacher width (gpate: first conv, the second 2 ndf; conv; dcgan)")
@@ -585,10 +600,10 @@ class GSWGANSchema(MethodSchema):
 class PESchema(MethodSchema):
     name: str = "pe"
     backend: str = f(
-        "icgan", choices=("icgan", "diffusion"),
+        "icgan", choices=PE_BACKENDS,
         help="icgan (paper 000's public IC-GAN: cheap on CPU) | diffusion (public.diffusion: DDIM + SDEdit)")
     embedding: str = f(
-        "encoder", choices=("encoder", "inception"),
+        "encoder", choices=PE_EMBEDDINGS,
         help="voting space: encoder (the public encoder h) | inception (InceptionV3, local weights; GPUs)")
     population: int = f(
         2000, **POSITIVE,
@@ -611,17 +626,17 @@ class PESchema(MethodSchema):
         1, **POSITIVE,
         help="neighbours each private sample votes for (votes weighted 1/sqrt(num_nearest): sensitivity 1)")
     selection: str = f(
-        "sample", choices=("sample", "rank"),
+        "sample", choices=PE_SELECTIONS,
         help="sample (i.i.d. draws in proportion to the histogram, the paper) | rank (top rank_keep * N)")
     rank_keep: float = f(0.5, **FRACTION)
     conditional: bool = f(
         False,
         help="true = Alg. 3: class-c private samples vote among class-c synthetic samples only")
     class_proportions: str = f(
-        "uniform", choices=("uniform", "public", "dp"),
+        "uniform", choices=PE_CLASS_PROPORTIONS,
         help="conditional: uniform | public (private proportions declared public) | dp (one more release)")
     condition: str = f(
-        "random_class", choices=("random_class", "none"),
+        "random_class", choices=PE_CONDITIONS,
         help="diffusion, unconditional: public condition of new samples: random_class | none")
     feature_noise: float = f(
         0.5, ge=0,
@@ -638,13 +653,13 @@ class PESchema(MethodSchema):
         None, **POSITIVE,
         help="icgan: public rows (seeded subsample) to start from; null = the whole public split")
     other_classes: str = f(
-        "nearest", choices=("nearest", "exclude"),
+        "nearest", choices=OTHER_CLASSES,
         help="labels of public rows of non-private classes (see public_uniform): nearest | exclude")
     knn_backend: str = f(
-        "auto", choices=("auto", "faiss", "torch"),
+        "auto", choices=KNN_BACKENDS,
         help="histogram search: auto (faiss when importable) | faiss | torch")
     nn_index: str = f(
-        "auto", choices=("auto", "flat", "ivf", "hnsw"),
+        "auto", choices=NN_INDEXES,
         help="faiss index of the histogram search: flat (exact) | ivf | hnsw (approximate; built on the synthetic "
              "embeddings only, so sensitivity stays 1) | auto (flat below 20000 synthetic samples and on a GPU, ivf "
              "above on a CPU)")
@@ -737,89 +752,6 @@ METHOD_SCHEMAS: Dict[str, type] = {
 }
 
 
-@dataclass(frozen=True)
-class MethodFacts:
-    """What the preflight must know about a method without importing it (its module imports torch); ``kinds`` and
-    ``needs_public`` equal the method class's (a test checks).
-
-    Private tuning (:mod:`dpsyn.private_tuning`) reads the other two, checked by a search before it draws its
-    number of trials: every trial must spend the same RDP curve, so the search space may hold only keys that cannot
-    change it. Both name top-level fields of the method's schema (a nested key such as ``budget_split.m1`` counts as
-    its field, ``budget_split``); a test checks that they do, and that they are disjoint.
-
-    Attributes:
-        accounting_keys: the method keys its privacy accounting reads (with the run's n, eps, delta, accountant and
-            trainer step limits): the noise calibration, the number of steps, queries or releases, the sample rate,
-            the budget split. Read from the method's ``fit`` (dpsyn/methods/*.py, dpsyn/lit/dpsgd.py).
-        tunable_keys: the method keys shown NOT to enter its accounting (optimiser and architecture settings,
-            post-processing, the clip norm of a noise calibrated in units of it): the ONLY keys a private search may
-            tune (an allowlist: a key in neither tuple, such as a new field, is refused until someone reads the
-            accounting and lists it). Empty for a method that is not DP (a reference) or has nothing to tune.
-    """
-
-    kinds: tuple = ("image", "table")
-    needs_public: bool = False
-    accounting_keys: tuple = ()
-    tunable_keys: tuple = ()
-
-
-_IMAGE = ("image",)
-# DP-SGD methods: the noise multiplier is calibrated from (eps, delta, q = batch_size / n, the planned steps =
-# epochs x batches, or the trainer's max_epochs / limit_train_batches); the clip norm scales the noise with it
-_DPSGD_ACCOUNTING = ("epochs", "batch_size")
-_DPSGD_GAN_TUNABLE = ("lr_g", "lr_d", "beta1", "z_dim", "max_grad_norm", "dpsgd_step", "split_fake_rows")
-# PATE methods (data-independent bound): queries x (alpha / (2 sigma_threshold^2) + alpha / sigma^2), the noise in
-# votes or as ratios of the teachers, queries = steps x queries a step (stopped where the budget ends)
-_PATE_ACCOUNTING = ("teachers", "sigma_threshold", "sigma", "threshold", "sigma_threshold_ratio", "sigma_ratio",
-                    "threshold_ratio", "bound", "steps", "batch_size", "class_ratio_epsilon")
-METHOD_FACTS: Dict[str, MethodFacts] = {
-    # not DP (their ledgers record a non-private release): nothing to tune privately
-    "real": MethodFacts(),
-    "privgan": MethodFacts(_IMAGE),
-    "gan": MethodFacts(_IMAGE),
-    "icgan_nonprivate": MethodFacts(_IMAGE, True),
-    # reads no private row: spends nothing whatever its settings
-    "public_uniform": MethodFacts(_IMAGE, True, tunable_keys=("public_pool", "other_classes")),
-    "dp_gan": MethodFacts(
-        accounting_keys=(*_DPSGD_ACCOUNTING, "class_ratio_epsilon"),  # tables: Laplace release, DP-SGD the rest
-        tunable_keys=(*_DPSGD_GAN_TUNABLE, "ngf", "ndf", "d_steps", "table_g_hidden", "table_d_hidden")),
-    "dp_gan_mi": MethodFacts(_IMAGE, True, accounting_keys=_DPSGD_ACCOUNTING,
-                             tunable_keys=(*_DPSGD_GAN_TUNABLE, "hidden", "layers")),
-    "dp_gan_ft": MethodFacts(_IMAGE, True, accounting_keys=_DPSGD_ACCOUNTING,  # pretraining: public rows only
-                             tunable_keys=(*_DPSGD_GAN_TUNABLE, "hidden", "layers", "pretrain_steps",
-                                           "pretrain_batch_size", "max_public")),
-    "dp_dre": MethodFacts(_IMAGE, True, accounting_keys=_DPSGD_ACCOUNTING,  # public rows: appended, not accounted
-                          tunable_keys=("hidden", "lr", "max_grad_norm", "ratio_power", "public_batch_size",
-                                        "public_pool", "other_classes")),
-    # Gaussian releases: the shares of the budget and which releases are made
-    "dp_mge": MethodFacts(_IMAGE, True, accounting_keys=("calibration", "mean_share", "conditional", "class_counts",
-                                                         "count_share")),
-    # the embeddings' releases (budget_split, calibration, moments, counts); the generator is post-processing
-    "dp_mepf": MethodFacts(_IMAGE, True,
-                           accounting_keys=("budget_split", "calibration", "moments", "class_counts",
-                                            "class_conditional"),
-                           tunable_keys=("steps", "batch_size", "lr", "beta1", "z_dim", "ngf", "pretrain_steps",
-                                         "max_public")),
-    "g_pate": MethodFacts(
-        accounting_keys=(*_PATE_ACCOUNTING, "batch_from_partition", "projection_dim"),  # b x k queries a round
-        tunable_keys=("lr_g", "lr_d", "lr_g_decay_start", "beta1", "ema", "z_dim", "ngf", "ndf", "teacher_hidden",
-                      "d_hidden", "g_hidden", "latent", "teacher_steps", "teacher_fakes", "clip", "bins")),
-    "pate_gan": MethodFacts(
-        accounting_keys=(*_PATE_ACCOUNTING, "inf_signal"),
-        tunable_keys=("lr_g", "lr_s", "lr_d", "beta1", "z_dim", "ngf", "ndf", "student_ndf", "teacher_hidden",
-                      "d_hidden", "g_hidden", "s_hidden", "teacher_steps", "student_steps")),
-    # one uniform-choice Gaussian event: noise std in units of the clip C, K critics, iterations x b releases
-    "gs_wgan": MethodFacts(
-        _IMAGE, accounting_keys=("critics", "iterations", "batch_size", "bound", "critic_schedule"),
-        tunable_keys=("lr_g", "lr_d", "beta1", "beta2", "z_dim", "ngf", "ndf", "gp_weight", "drift", "ema", "clip",
-                      "critic_steps", "warm_start_iterations")),
-    # T = len(degrees) sensitivity-1 histograms (+1 for DP class counts) at one sigma (given, or calibrated)
-    "pe": MethodFacts(_IMAGE, True, accounting_keys=("degrees", "noise_multiplier", "conditional", "class_proportions"),
-                      tunable_keys=("threshold", "lookahead", "selection", "rank_keep", "feature_noise", "population",
-                                    "final_degree", "num_nearest")),
-}
-
-
 # ---- dataset ---------------------------------------------------------------------------------------------------
 
 
@@ -898,7 +830,7 @@ DATASET_SCHEMAS: Dict[str, type] = {
 
 # ---- privacy, trainer, metrics, public ------------------------------------------------------------------------
 
-ACCOUNTANTS = ("rdp", "prv")  # DP-SGD accountants (Opacus); equal to dpsyn.privacy.ACCOUNTANTS (a test checks)
+ACCOUNTANTS = ("rdp", "prv")  # DP-SGD accountants (Opacus): dpsyn.privacy.dpsgd reads them from here
 
 
 @dataclass

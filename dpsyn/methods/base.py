@@ -18,12 +18,23 @@ import numpy as np
 
 from dpsyn.data.base import Split
 from dpsyn.privacy import ApproxDPEvent, PrivacyLedger, dp_class_proportions, dp_numpy_generator
+from dpsyn.plugins import PLUGIN_METHODS
 from dpsyn.registry import Registry
 from dpsyn.results.io import atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 
 METHODS: Registry = Registry("method")
+# the method keys the accounting of a family of methods reads (Method.accounting_keys, private tuning's denylist):
+# DP-SGD: the noise multiplier is calibrated from (eps, delta, q = batch_size / n, the planned steps = epochs x
+# batches, or the trainer's max_epochs / limit_train_batches); the clip norm scales the noise with it
+DPSGD_ACCOUNTING_KEYS = ("epochs", "batch_size")
+DPSGD_GAN_TUNABLE_KEYS = ("lr_g", "lr_d", "beta1", "z_dim", "max_grad_norm", "dpsgd_step", "split_fake_rows")
+# PATE (data-independent bound): queries x (alpha / (2 sigma_threshold^2) + alpha / sigma^2), the noise in votes or
+# as ratios of the teachers, queries = steps x queries a step (stopped where the budget ends)
+PATE_ACCOUNTING_KEYS = ("teachers", "sigma_threshold", "sigma", "threshold", "sigma_threshold_ratio", "sigma_ratio",
+                        "threshold_ratio", "bound", "steps", "batch_size", "class_ratio_epsilon")
+
 _PUBLIC_MODELS = "<public models: loaded again with Method.public_models()>"
 
 
@@ -172,9 +183,21 @@ def run_limits(trainer: dict[str, Any] | None) -> dict[str, Any]:
 class Method(ABC):
     """Base class of every registered method.
 
-    Class attributes:
+    Class attributes (each fact about a method is stated here, once; the preflight reads ``kinds`` and
+    ``needs_public`` of dpsyn's own methods from :mod:`dpsyn.config.catalog`, generated from these by ``make docs``):
         needs_public: the method uses public data; datasets without it are refused before any work.
         kinds: dataset kinds the method supports.
+        accounting_keys: the method keys its privacy accounting reads (with the run's n, eps, delta, accountant and
+            trainer step limits): the noise calibration, the number of steps, queries or releases, the sample rate,
+            the budget split; read from ``fit``. Private tuning (:mod:`dpsyn.private_tuning`) refuses to tune them.
+        tunable_keys: the method keys shown NOT to enter its accounting (optimiser and architecture settings,
+            post-processing, the clip norm of a noise calibrated in units of it): the ONLY keys a private search may
+            tune (an allowlist: a key in neither tuple, such as a new field, is refused until someone reads the
+            accounting and lists it). Empty for a method that is not DP (a reference) or has nothing to tune. Both
+            name top-level fields of the method's schema (``budget_split.m1`` counts as ``budget_split``).
+        tiny: the overrides of the method's fastest end-to-end run (its dataset included; with ``trainer=debug``,
+            seconds): every harness of the test suite (the budget, crash-safety and neighbouring-run checks,
+            tests/test_all_methods.py) runs the method with them, so a new method is covered by default.
         reference: a non-private reference (``real``, ``gan``): its result is written whatever the target eps,
             flagged ``non_private_reference`` with epsilon spent = inf.
         eps_free: the method's output does not depend on the target eps (a reference, or a method that never reads
@@ -184,6 +207,9 @@ class Method(ABC):
 
     needs_public: ClassVar[bool] = False
     kinds: ClassVar[tuple[str, ...]] = ("image", "table")
+    accounting_keys: ClassVar[tuple[str, ...]] = ()
+    tunable_keys: ClassVar[tuple[str, ...]] = ()
+    tiny: ClassVar[tuple[str, ...]] = ()
     reference: ClassVar[bool] = False
     eps_free: ClassVar[bool | None] = None
     #: the method trains with ``trainer=ddp`` (multi-process DP-SGD, :mod:`dpsyn.lit.ddp`); others refuse it
@@ -347,3 +373,25 @@ class Method(ABC):
         """``n`` labels drawn i.i.d. from the (released) class ``proportions``."""
         p = np.asarray(proportions, dtype=np.float64)
         return rng.choice(len(p), size=n, p=p / p.sum()).astype(np.int64)
+
+
+def register_method(name: str, schema: type | None = None) -> Any:
+    """Class decorator registering a :class:`Method` under ``name``: what a method from outside dpsyn (a plugin,
+    :mod:`dpsyn.plugins`) calls when its module is imported. With ``schema`` (its config dataclass, a subclass of
+    :class:`dpsyn.config.schema.MethodSchema` whose ``name`` defaults to ``name``), ``method=<name>`` composes with
+    no yaml file (the schema's defaults are the method's) and the preflight reads the class's facts; a yaml on a
+    user config path (``hydra.searchpath``) may still extend ``/schema/method/<name>@_here_``.
+
+    Raises:
+        ValueError: ``name`` is registered already, or the schema's ``name`` default differs.
+    """
+
+    def deco(cls: type) -> type:
+        if schema is not None:
+            from dpsyn.config import add_method_schema
+
+            add_method_schema(name, schema)
+            PLUGIN_METHODS[name] = cls
+        return METHODS.register(name)(cls)
+
+    return deco

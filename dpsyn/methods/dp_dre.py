@@ -47,12 +47,13 @@ from torch.nn import functional as F
 
 from dpsyn.data.base import Split
 from dpsyn.lit.dpsgd import calibrate_dpsgd, charge_dpsgd, dp_optimizer, poisson_mask
-from dpsyn.methods.base import METHODS, Method, PrivacyBudget, RunContext, Samples
+from dpsyn.methods.base import DPSGD_ACCOUNTING_KEYS, METHODS, Method, PrivacyBudget, RunContext, Samples
 from dpsyn.methods.public_baselines import (
     build_public_pool,
     decode_seeded,
 )
 from dpsyn.privacy import PrivacyLedger, dp_generator
+from dpsyn.methods.tiny import SHOES
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +220,11 @@ def effective_sample_size(weights: np.ndarray) -> float:
 @METHODS.register("dp_dre")
 class DPDRE(Method):
     """DP-DRE on images (see the module docstring)."""
+
+    # the public rows are appended, not accounted
+    accounting_keys = DPSGD_ACCOUNTING_KEYS
+    tunable_keys = ("hidden", "lr", "max_grad_norm", "ratio_power", "public_batch_size", "public_pool", "other_classes")
+    tiny = ("method=dp_dre", *SHOES, "method.public_pool=600")
 
     needs_public = True
     kinds = ("image",)

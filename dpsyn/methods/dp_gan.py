@@ -32,12 +32,13 @@ from torch.utils.data import TensorDataset
 
 from dpsyn.data.base import Split
 from dpsyn.lit.gan import GANModule, PeriodicCheckpoint
-from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
+from dpsyn.methods.base import DPSGD_ACCOUNTING_KEYS, DPSGD_GAN_TUNABLE_KEYS, METHODS, Method, PrivacyBudget, Samples
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
 from dpsyn.lit.dpsgd import ChargeAhead, open_dpsgd_event, private_discriminator_loader
 from dpsyn.privacy import PrivacyLedger
 from dpsyn.results.checkpoint import lightning_dp_steps
+from dpsyn.methods.tiny import TABLE_METRICS
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,11 @@ def _class_ratio_epsilon(cfg: Any, budget: PrivacyBudget) -> float:
 @METHODS.register("dp_gan")
 class DPGAN(Method):
     """DP-GAN on images and tables (see the module docstring)."""
+
+    # tables: a Laplace release, DP-SGD the rest
+    accounting_keys = (*DPSGD_ACCOUNTING_KEYS, "class_ratio_epsilon")
+    tunable_keys = (*DPSGD_GAN_TUNABLE_KEYS, "ngf", "ndf", "d_steps", "table_g_hidden", "table_d_hidden")
+    tiny = ("method=dp_gan", "dataset=breast_cancer", *TABLE_METRICS)
 
     kinds = ("image", "table")
     supports_ddp = True

@@ -51,9 +51,10 @@ from dpsyn.data.base import Split
 from dpsyn.lit.feature_gan import FeatureDiscriminator, FeatureGANModule, FeatureGenerator, fit_feature_gan_stage
 from dpsyn.lit.dpsgd import ChargeAhead, open_dpsgd_event, private_discriminator_loader
 from dpsyn.lit.gan import PeriodicCheckpoint
-from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
+from dpsyn.methods.base import DPSGD_ACCOUNTING_KEYS, DPSGD_GAN_TUNABLE_KEYS, METHODS, Method, PrivacyBudget, Samples
 from dpsyn.privacy import PrivacyLedger
 from dpsyn.results.checkpoint import lightning_dp_steps
+from dpsyn.methods.tiny import SHOES
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +177,10 @@ class FeatureGANMethod(Method):
 
         cfg, ctx = self.cfg, self.ctx
         name = self.method_name
-        L.seed_everything(ctx.seed, workers=True, verbose=False)
         self.models = self.public_models()
+        # seeded once the public models are loaded: training them (a cache miss) draws from the global generators,
+        # and the networks' initialisation must not depend on whether the cache held them
+        L.seed_everything(ctx.seed, workers=True, verbose=False)
         G, D = self._nets(self.models.feature_dim)
         trainer_kwargs = dict(ctx.trainer)
         epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
@@ -264,6 +267,11 @@ class FeatureGANMethod(Method):
 @METHODS.register("dp_gan_ft")
 class DPGANFT(FeatureGANMethod):
     """DP-GAN-FT (see the module docstring): public pretraining, then DP fine-tuning, of a feature GAN."""
+
+    # the pretraining reads public rows only
+    accounting_keys = DPSGD_ACCOUNTING_KEYS
+    tunable_keys = (*DPSGD_GAN_TUNABLE_KEYS, "hidden", "layers", "pretrain_steps", "pretrain_batch_size", "max_public")
+    tiny = ("method=dp_gan_ft", *SHOES, "method.pretrain_steps=10", "method.max_public=400")
 
     pretrain_on_public = True
     method_name = "dp_gan_ft"

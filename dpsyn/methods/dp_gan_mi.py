@@ -15,13 +15,18 @@ planned steps, one ``SampledGaussianEvent``), and its samples are decoded by g. 
 
 from __future__ import annotations
 
-from dpsyn.methods.base import METHODS
+from dpsyn.methods.base import DPSGD_ACCOUNTING_KEYS, DPSGD_GAN_TUNABLE_KEYS, METHODS
 from dpsyn.methods.dp_gan_ft import FeatureGANMethod
+from dpsyn.methods.tiny import SHOES
 
 
 @METHODS.register("dp_gan_mi")
 class DPGANMI(FeatureGANMethod):
     """DP-GAN-MI (see the module docstring): a DP feature GAN from scratch, decoded by the public generator."""
+
+    accounting_keys = DPSGD_ACCOUNTING_KEYS
+    tunable_keys = (*DPSGD_GAN_TUNABLE_KEYS, "hidden", "layers")
+    tiny = ("method=dp_gan_mi", *SHOES)
 
     pretrain_on_public = False
     method_name = "dp_gan_mi"

@@ -60,6 +60,9 @@ from dpsyn.privacy import (
 )
 from dpsyn.public import clip_to_unit_ball
 from dpsyn.results.checkpoint import Checkpointer
+from dpsyn.methods.tiny import SHOES
+from dpsyn.config.schema import MOMENTS
+from dpsyn.config.schema import CLASS_COUNTS as COUNTS
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +73,6 @@ AUTO_LAYERS: dict[str, tuple[str, ...]] = {"EmbeddedEncoder": ("body.3", "body.7
 """``feature_layers: auto``: the two max-pooled conv blocks of the embedded encoder (14x14x32 and 7x7x64 maps).
 Other encoders get h alone unless their layers are named."""
 
-MOMENTS: tuple[str, ...] = ("m1", "m1_and_m2")
-COUNTS: tuple[str, ...] = ("dp", "public")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -217,6 +218,11 @@ def mepf_loss(
 class DPMEPF(Method):
     """DP-MEPF (see the module docstring): one DP release of mean embeddings, then a generator matched to them."""
 
+    # the embeddings' releases; the generator is post-processing
+    accounting_keys = ("budget_split", "calibration", "moments", "class_counts", "class_conditional")
+    tunable_keys = ("steps", "batch_size", "lr", "beta1", "z_dim", "ngf", "pretrain_steps", "max_public")
+    tiny = ("method=dp_mepf", *SHOES, "method.steps=3", "method.batch_size=12")
+
     needs_public = True
     kinds = ("image",)
     fitted_attrs = ("release", "train_log", "G", "conditional")
@@ -248,9 +254,11 @@ class DPMEPF(Method):
         self, private: Split, budget: PrivacyBudget, ledger: PrivacyLedger, public: Split | None = None
     ) -> None:
         cfg, ctx = self.cfg, self.ctx
-        torch.manual_seed(ctx.seed)
         device = torch.device(ctx.device)
         models = self.public_models()
+        # seeded once the public models are loaded: training them (a cache miss) draws from the global generator,
+        # and what follows must not depend on whether the cache held them
+        torch.manual_seed(ctx.seed)
         layers = resolve_layers(models.encoder, cfg.feature_layers)
         phi = PerceptualFeatures(models.encoder, layers, pool=cfg.layer_pool)  # type: ignore[arg-type]
         conditional = bool(cfg.class_conditional)

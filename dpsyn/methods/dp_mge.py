@@ -73,10 +73,11 @@ from dpsyn.privacy import (
     calibrate_releases,
     gaussian_mechanism,
 )
+from dpsyn.methods.tiny import SHOES
+from dpsyn.config.schema import CLASS_COUNTS
 
 log = logging.getLogger(__name__)
 
-CLASS_COUNTS: tuple[str, ...] = ("dp", "public")
 """Allowed values of ``method.class_counts``."""
 
 RELEASES: tuple[str, ...] = ("mean", "second_moment", "counts")
@@ -247,6 +248,10 @@ def sample_features(est: MomentEstimate, labels: np.ndarray, rng: np.random.Gene
 @METHODS.register("dp_mge")
 class DPMGE(Method):
     """DP-MGE on images (see the module docstring)."""
+
+    # Gaussian releases: the shares of the budget and which releases are made
+    accounting_keys = ("calibration", "mean_share", "conditional", "class_counts", "count_share")
+    tiny = ("method=dp_mge", *SHOES)
 
     needs_public = True
     kinds = ("image",)

@@ -70,7 +70,15 @@ from dpsyn.config import PATE_NOISE_KEYS, resolve_pate_noise
 from dpsyn.data.base import Split
 from dpsyn.data.partitions import KeyedPartitions, partition_key, source_ids
 from dpsyn.lit.ema import update_ema
-from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, draw_latent, generate_conditional
+from dpsyn.methods.base import (
+    METHODS,
+    PATE_ACCOUNTING_KEYS,
+    Method,
+    PrivacyBudget,
+    Samples,
+    draw_latent,
+    generate_conditional,
+)
 from dpsyn.methods.session import FitSession
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from dpsyn.nets.ensemble import (
@@ -89,10 +97,11 @@ from dpsyn.privacy import (
     dp_generator,
     pate_max_queries,
 )
+from dpsyn.methods.tiny import TABLE_METRICS, TINY_G_PATE
+from dpsyn.config.schema import TEACHER_ARCHS  # auto: gpate on images, mlp on tables
 
 log = logging.getLogger(__name__)
 
-TEACHER_ARCHS = ("auto", "gpate", "conv", "dcgan", "mlp")  # auto: gpate on images, mlp on tables
 CHECKPOINT = "g_pate.pt"
 MIN_PARTITION_BATCH = 15
 """Partitions of at least this many rows set the batch (the reference code's rule; 15 = 60k rows / 4000 teachers)."""
@@ -306,6 +315,13 @@ def filter_record(event: PATEEvent | None) -> dict[str, float]:
 @METHODS.register("g_pate")
 class GPATE(Method):
     """G-PATE on images and tables (see the module docstring)."""
+
+    # b x k queries a round
+    accounting_keys = (*PATE_ACCOUNTING_KEYS, "batch_from_partition", "projection_dim")
+    tunable_keys = ("lr_g", "lr_d", "lr_g_decay_start", "beta1", "ema", "z_dim", "ngf", "ndf", "teacher_hidden", "d_hidden",
+                    "g_hidden", "latent", "teacher_steps", "teacher_fakes", "clip", "bins")
+    tiny = ("method=g_pate", "dataset=breast_cancer", *TINY_G_PATE, "method.d_hidden=[8]", "method.g_hidden=[8]",
+            "method.z_dim=4", *TABLE_METRICS)
 
     resume_free_keys = ("checkpoint_every", "teacher_chunk", "steps")  # teacher_chunk: the same votes
 

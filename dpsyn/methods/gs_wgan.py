@@ -106,6 +106,7 @@ from dpsyn.privacy import (
 )
 from dpsyn.privacy.ledger import UniformChoiceGaussianEvent
 from dpsyn.privacy.uniform_choice import BOUND_BASIS, SAMPLING, uniform_choice_noise_multiplier
+from dpsyn.methods.tiny import IMAGE_METRICS, TINY_GS_WGAN
 
 log = logging.getLogger(__name__)
 
@@ -641,6 +642,12 @@ def critic_turn(
 @METHODS.register("gs_wgan")
 class GSWGAN(Method):
     """GS-WGAN on images (see the module docstring)."""
+
+    # one uniform-choice Gaussian event: noise std in units of the clip C, K critics, iterations x b releases
+    accounting_keys = ("critics", "iterations", "batch_size", "bound", "critic_schedule")
+    tunable_keys = ("lr_g", "lr_d", "beta1", "beta2", "z_dim", "ngf", "ndf", "gp_weight", "drift", "ema", "clip", "critic_steps",
+                    "warm_start_iterations")
+    tiny = ("method=gs_wgan", "dataset=fmnist", *TINY_GS_WGAN, *IMAGE_METRICS)
 
     kinds = ("image",)
     fitted_attrs = ("G", "device", "train_log")

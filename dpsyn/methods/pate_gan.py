@@ -55,7 +55,7 @@ from torch.nn import functional as F
 from dpsyn.config import PATE_NOISE_KEYS
 from dpsyn.data.base import Split
 from dpsyn.data.partitions import KeyedPartitions, partition_key, source_ids
-from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples, generate_conditional
+from dpsyn.methods.base import METHODS, PATE_ACCOUNTING_KEYS, Method, PrivacyBudget, Samples, generate_conditional
 from dpsyn.methods.g_pate import (
     TEACHER_ARCHS,
     filter_fill,
@@ -79,6 +79,7 @@ from dpsyn.privacy import (
     confident_gnmax,
     dp_generator,
 )
+from dpsyn.methods.tiny import TABLE_METRICS, TINY_PATE_GAN
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,11 @@ def ensemble_generator_loss(ens: TeacherEnsemble, fake: torch.Tensor, y: torch.T
 @METHODS.register("pate_gan")
 class PATEGAN(Method):
     """PATE-GAN on images and tables (see the module docstring)."""
+
+    accounting_keys = (*PATE_ACCOUNTING_KEYS, "inf_signal")
+    tunable_keys = ("lr_g", "lr_s", "lr_d", "beta1", "z_dim", "ngf", "ndf", "student_ndf", "teacher_hidden", "d_hidden",
+                    "g_hidden", "s_hidden", "teacher_steps", "student_steps")
+    tiny = ("method=pate_gan", "dataset=breast_cancer", *TINY_PATE_GAN, *TABLE_METRICS)
 
     resume_free_keys = ("checkpoint_every", "teacher_chunk", "steps")  # teacher_chunk: the same votes
 

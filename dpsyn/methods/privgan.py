@@ -28,6 +28,7 @@ import torch
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.privacy import NonPrivateEvent, PrivacyLedger
+from dpsyn.methods.tiny import IMAGE_METRICS, TINIEST_LOCAL_GAN
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ def split_owners(y: np.ndarray, fractions: list[float], *, seed: int) -> list[np
 @METHODS.register("privgan")
 class PrivGAN(Method):
     """privGAN with ``len(cfg.owners)`` owners (see the module docstring)."""
+
+    tiny = ("method=privgan", "dataset=fmnist", *TINIEST_LOCAL_GAN, *IMAGE_METRICS)
 
     kinds = ("image",)
     reference = True  # no formal DP guarantee: epsilon spent is inf; privacy is measured by the attacks
@@ -209,5 +212,7 @@ class LocalGAN(PrivGAN):
     """The non-private local GAN: each owner trains a GAN on its own share alone, with no central discriminator and
     nothing shared (the paper's comparison); ``owners: [f]`` is one owner, ``[f0, f1]`` gives the local GANs of the
     same split as a privGAN run with those owners."""
+
+    tiny = ("method=gan", "dataset=fmnist", *TINIEST_LOCAL_GAN, *IMAGE_METRICS)
 
     central = False

@@ -34,10 +34,11 @@ import torch
 from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, RunContext, Samples
 from dpsyn.privacy import NonPrivateEvent, PrivacyLedger
+from dpsyn.methods.tiny import SHOES
+from dpsyn.config.schema import OTHER_CLASSES
 
 log = logging.getLogger(__name__)
 
-OTHER_CLASSES: tuple[str, ...] = ("nearest", "exclude")
 """Allowed values of ``method.other_classes``."""
 
 
@@ -228,6 +229,10 @@ def decode_seeded(models: Any, feats: np.ndarray, seed: int) -> np.ndarray:
 class PublicUniform(Method):
     """Uniformly drawn public feature vectors, decoded by g: paper 000's sanity baseline (no private data used)."""
 
+    # reads no private row: spends nothing whatever its settings
+    tunable_keys = ("public_pool", "other_classes")
+    tiny = ("method=public_uniform", *SHOES, "method.public_pool=600")
+
     needs_public = True
     kinds = ("image",)
     eps_free = True  # reads no private data: the same samples at every target eps
@@ -265,6 +270,8 @@ class PublicUniform(Method):
 @METHODS.register("icgan_nonprivate")
 class ICGANNonPrivate(Method):
     """Private features decoded by g directly: the non-private upper bound of paper 000 (a reference)."""
+
+    tiny = ("method=icgan_nonprivate", *SHOES)
 
     needs_public = True
     kinds = ("image",)

@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
+from dpsyn.config.schema import ACCOUNTANTS
 from dpsyn.privacy.gaussian import _check_count, _check_delta, _check_positive
 
 logger = logging.getLogger(__name__)
 
-ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
 """DP-SGD accountants dpsyn accepts (Opacus names)."""
 
 # How far dpsgd_noise_multiplier may step up a noise multiplier that Opacus returned over the target.

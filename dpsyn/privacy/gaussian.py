@@ -29,10 +29,10 @@ from numbers import Integral, Real
 import numpy as np
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
+from dpsyn.config.schema import CALIBRATIONS
 
 logger = logging.getLogger(__name__)
 
-CALIBRATIONS: tuple[str, ...] = ("classic", "analytic")
 """Allowed values of ``gaussian_sigma(calibration=...)``."""
 
 # Relative precision of the root searches before the final step to the safe side.

@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from dpsyn.config.schema import PE_BACKENDS as BACKENDS
+from dpsyn.config.schema import PE_CONDITIONS as CONDITIONS
 
 log = logging.getLogger(__name__)
 
-BACKENDS: tuple[str, ...] = ("diffusion", "icgan")
-CONDITIONS: tuple[str, ...] = ("random_class", "none")
 
 
 @dataclass

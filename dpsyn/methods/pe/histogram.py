@@ -52,11 +52,11 @@ from dpsyn.privacy import gaussian_mechanism
 
 from dpsyn.nn_index import KINDS as NN_INDEXES
 from dpsyn.nn_index import faiss, knn_search  # faiss: None where it is not importable (torch's search then)
+from dpsyn.config.schema import KNN_BACKENDS as BACKENDS
+from dpsyn.config.schema import PE_SELECTIONS as SELECTIONS
 
 log = logging.getLogger(__name__)
 
-BACKENDS: tuple[str, ...] = ("auto", "faiss", "torch")
-SELECTIONS: tuple[str, ...] = ("sample", "rank")
 
 
 def nearest_neighbours(

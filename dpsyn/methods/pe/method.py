@@ -65,11 +65,12 @@ from dpsyn.privacy import (
     gaussian_mechanism,
     gdp_noise_multiplier,
 )
+from dpsyn.methods.tiny import IMAGE_METRICS, TINY_PE, TINY_PUBLIC
+from dpsyn.config.schema import PE_EMBEDDINGS as EMBEDDINGS
+from dpsyn.config.schema import PE_CLASS_PROPORTIONS as CLASS_PROPORTIONS
 
 log = logging.getLogger(__name__)
 
-EMBEDDINGS: tuple[str, ...] = ("encoder", "inception")
-CLASS_PROPORTIONS: tuple[str, ...] = ("uniform", "public", "dp")
 CHECKPOINT = "pe.pt"
 CHECKPOINT_VERSION = 1
 
@@ -138,6 +139,13 @@ def _fingerprint(blob: dict[str, Any]) -> str:
 @METHODS.register("pe")
 class PE(Method):
     """Private Evolution over a public model's APIs (module docstring)."""
+
+    # T = len(degrees) sensitivity-1 histograms (+1 for DP class counts) at one sigma (given, or calibrated)
+    accounting_keys = ("degrees", "noise_multiplier", "conditional", "class_proportions")
+    tunable_keys = ("threshold", "lookahead", "selection", "rank_keep", "feature_noise", "population", "final_degree",
+                    "num_nearest")
+    tiny = ("method=pe", "dataset=fmnist_shoes", *TINY_PUBLIC, *TINY_PE, "dataset.n_private=300", "metrics.n_real=300",
+            "method.monitor=false", "method.public_pool=300", *IMAGE_METRICS)
 
     needs_public = True
     kinds = ("image",)

@@ -86,10 +86,10 @@ from scipy.special import log_ndtr, logsumexp
 
 from dpsyn.privacy.dpsgd import _check_orders, rdp_to_epsilon
 from dpsyn.privacy.gaussian import _check_count, _check_delta, _check_positive
+from dpsyn.config.schema import PATE_BOUNDS
 
 logger = logging.getLogger(__name__)
 
-PATE_BOUNDS: tuple[str, ...] = ("data_independent", "data_dependent", "renyi_filter")
 """Which RDP bound an epsilon (or a ledger's :class:`~dpsyn.privacy.ledger.PATEEvent`) uses. ``renyi_filter`` is a
 ledger bound only (:class:`~dpsyn.privacy.ledger.PATEEvent`): a Renyi filter at one order fixed before the run
 (Feldman & Zrnic 2021), where a query pays GNMax only if its threshold check answered it."""
