@@ -79,6 +79,7 @@ endif
 # The generated tables of README.md and docs/ (methods, papers, claims, results, config, datasets), rebuilt from the
 # registry, the schemas and experiments/*/results.csv; tests/test_docs.py fails when one is stale.
 docs:
+	$(BIN)/python -m dpsyn.methods.catalog
 	$(BIN)/python -m dpsyn.cli.tables readme
 
 # README and docs rendered to HTML (pandoc) and photographed in headless Chromium: outputs/docs-look/*.png

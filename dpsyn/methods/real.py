@@ -11,6 +11,8 @@ from dpsyn.data.base import Split
 from dpsyn.methods.base import METHODS, Method, PrivacyBudget, Samples
 from dpsyn.methods.tiny import TABLE_METRICS
 from dpsyn.privacy import NonPrivateEvent, PrivacyLedger
+
+
 @METHODS.register("real")
 class RealData(Method):
     """Returns (a seeded resample of) the private data."""
