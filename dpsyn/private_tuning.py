@@ -222,8 +222,8 @@ def _check(cfg: DictConfig) -> dict[str, Any]:
         raise ConfigError("tuning.private=true needs a finite eps (the whole search's target)")
     if t.get("trial_eps") is None:
         raise ConfigError("tuning.trial_eps: required with tuning.private=true: each trial's target epsilon, below "
-                          f"eps={eps:g} (the search's cost is checked after the first trial; README 'Private tuning' "
-                          "has costs)")
+                          f"eps={eps:g} (the search's cost is checked after the first trial; what a search costs: "
+                          "docs/tuning.md, 'What a private search costs')")
     trial_eps = float(t.trial_eps)
     if not 0 < trial_eps <= eps:
         raise ConfigError(f"tuning.trial_eps={trial_eps:g}: must lie in (0, eps={eps:g}]")

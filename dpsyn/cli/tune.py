@@ -5,7 +5,7 @@ validation split carved from the private training set; the sealed eval split is 
 reads the sweep's ``optimization_results.yaml`` (the best trial's settings) and a trial's ``result.json`` (the
 command line of the sweep), and runs ``train.py`` once with those settings and ``metrics.split=eval`` in ``<sweep dir>/final``:
 the one run whose metrics read the eval split (once, sealed). Its ledger records that its settings were chosen on
-the trials' validation scores, a release without DP (README "Tuning").
+the trials' validation scores, a release without DP (docs/tuning.md, "Tuning sweeps").
 """
 
 from __future__ import annotations

@@ -18,11 +18,11 @@ The generator only sees the discriminator, so it is post-processing of the discr
     their gradient needs no noise: it is computed on a *fixed* number m of fake rows (``split_fake_rows``, default
     B; never the Poisson count b, which only the noised sum may reveal), each row's gradient clipped to
     ``max_grad_norm`` like a real row's and averaged, and added to the privatised real-row sum / B. Removing a
-    private record changes the clipped real sum by at most ``max_grad_norm`` and nothing else, so the sensitivity
-    is unchanged. Measured on the default run (README, Speed): fake rows left unclipped drown the clipped real rows
-    (FD 409 against 145); with m = 32 the step costs 1.3-1.4x a plain step against paired's 2.1-2.3x with Opacus's
-    hooks (1.1-1.3x with the fused engine, the default), and the samples are slightly worse on 20 seeds (acc 0.49
-    vs 0.51, FD 147 vs 134; not significant), hence not the default;
+    private record changes the clipped real sum by at most ``max_grad_norm`` and nothing else, so the sensitivity is
+    unchanged. Measured on the default run (docs/speed.md, DP-SGD step of dp_gan): fake rows left unclipped drown the
+    clipped real rows (FD 409 against 145); with m = 32 the step costs 1.3-1.4x a plain step against paired's
+    2.1-2.3x with Opacus's hooks (1.1-1.3x with the fused engine, the default), and the samples are slightly worse on
+    20 seeds (acc 0.49 vs 0.51, FD 147 vs 134; not significant), hence not the default;
 * the clipped sum is noised and divided by the *expected* batch size (Poisson DP-SGD must not divide by the
   realised size).
 

@@ -48,7 +48,8 @@ steps: the class proportions are released first with the Laplace mechanism at ``
 paper: 0.01 of eps=1; :meth:`Method.release_class_proportions`, an ``ApproxDPEvent`` in the ledger), then the
 generator trains on the rest of the budget with labels drawn from the released proportions, and samples follow them.
 Images use labels uniform over the classes (a public choice).
-Non-private runs (eps=inf) aggregate as ``method.inf_aggregate`` says, the rungs of README's ladder: ``mean`` (the
+Non-private runs (eps=inf) aggregate as ``method.inf_aggregate`` says, a diagnostic switch whose values are the rungs
+of the G-PATE ladder (docs/papers/long2021.md, The ladders; not settings of the published method): ``mean`` (the
 teachers' mean gradient, the reference code's non-private path), ``projected`` (mean of the projected gradients,
 back-projected) or ``vote`` (DPGradAgg's votes without noise or threshold: their plain argmax).
 """
@@ -110,7 +111,8 @@ INF_AGGREGATES = {
     "projected": "the mean of the teachers' projected gradients, back-projected (no clip, no bins)",
     "vote": "the plain argmax of the projected, clipped, discretised votes (DPGradAgg without noise)",
 }
-"""What a non-private run (eps=inf) aggregates (``method.inf_aggregate``): the README's ladder."""
+"""What a non-private run (eps=inf) aggregates (``method.inf_aggregate``): the rungs of the G-PATE ladder
+(docs/papers/long2021.md, The ladders); a private run always votes."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -559,7 +561,7 @@ class GPATE(Method):
         clipped, discretised gradients, answered by Confident-GNMax (private; the ledger records the votes before the
         answers are used) or by their plain argmax (eps=inf). ``mean``: the teachers' mean gradient (the reference
         code's ``non_private_aggregation``); ``projected``: the mean of the projected gradients, back-projected (no
-        clipping, no bins): the rungs of the README's ladder.
+        clipping, no bins): the rungs of the G-PATE ladder (docs/papers/long2021.md, The ladders).
 
         Returns:
             ``(g_hat, answered (b*k,))``; ``(None, None)`` when the round's queries would take the ledger past its

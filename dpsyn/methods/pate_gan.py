@@ -34,9 +34,10 @@ are first released with the Laplace mechanism at ``method.class_ratio_epsilon`` 
 :meth:`~dpsyn.methods.base.Method.release_class_proportions`) and generated labels are drawn from them; on images
 labels are uniform over the classes (a public choice). Non-private runs (eps=inf) use the plain argmax of the votes.
 
-README's PATE-GAN ladder (eps=inf): with ``method.inf_signal=teachers`` G is trained on the teacher ensemble itself
-(:func:`ensemble_generator_loss`) instead of the student, which locates where learning stops: the teachers carry
-class-conditional signal, the student trained on generated samples only does not pass it on.
+The PATE-GAN ladder (eps=inf; docs/papers/long2021.md, The ladders): with the diagnostic switch
+``method.inf_signal=teachers`` G is trained on the teacher ensemble itself (:func:`ensemble_generator_loss`) instead
+of the student, which locates where learning stops: the teachers carry class-conditional signal, the student trained
+on generated samples only does not pass it on.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def vote_cuts(ref_logits: torch.Tensor, quantile: float) -> torch.Tensor:
     the aggregated label says which samples most teachers rank in their upper half, the student learns that ranking
     and the generator is meant to climb it (up the teachers' log density ratio). Measured on fmnist at eps=inf: the
     labels split (0.38-0.69 voted real) and the student fits them, but the generator still drifts to textures
-    (README, issue 17), so the option is off by default.
+    (docs/papers/long2021.md, Findings; the runs: experiments/long2021/LOG.md), so the option is off by default.
 
     Privacy: teacher i's cut is a function of teacher i (trained on its own partition only) and of generated
     samples, so changing one private row still changes one teacher's votes, one per query: the vote histogram's
@@ -193,9 +194,9 @@ def ensemble_generator_loss(ens: TeacherEnsemble, fake: torch.Tensor, y: torch.T
     """G's non-saturating loss against the teacher ensemble itself: ``-log((1/N) sum_i sigmoid(D_i(G(z), y)))``,
     averaged over the batch (the log of the ensemble's mean probability "real", computed in log space).
 
-    The first rung of README's PATE-GAN ladder (``method.inf_signal=teachers``, eps=inf only): G's gradient comes
-    from the teachers' outputs on its samples, with no student and no vote in between. That is not DP (each teacher
-    saw its private partition and G sees its gradient), so private runs refuse it.
+    The first rung of the PATE-GAN ladder (``method.inf_signal=teachers``, eps=inf only; docs/papers/long2021.md, The
+    ladders): G's gradient comes from the teachers' outputs on its samples, with no student and no vote in between.
+    That is not DP (each teacher saw its private partition and G sees its gradient), so private runs refuse it.
     """
     logits = ens.forward_shared(fake, y)  # (N, b)
     log_mean = torch.logsumexp(F.logsigmoid(logits), dim=0) - math.log(logits.shape[0])

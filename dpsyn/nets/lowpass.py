@@ -45,10 +45,11 @@ class LowPassOutput(nn.Module):
     data-independent layer: the generator's output stays post-processing of what it learnt and costs no privacy;
     the sigmoid keeps images in [0, 1] and lets a smooth logit draw a sharp edge.
 
-    Why (README, paper 002): in G-PATE with ``projection=dct`` every vote lies in the low band, so nothing the
-    teachers say ever reaches the frequencies above it, and the generator's upsampling fills them with a grid that no
-    vote corrects. In GS-WGAN the gradient into the generator is then sanitised in the band's m^2 coefficients
-    (:func:`dpsyn.methods.gs_wgan.sanitize` with a basis), so the per-sample noise keeps m^2 / d of its energy."""
+    Why (docs/papers/long2021.md, Departures from the paper): in G-PATE with ``projection=dct`` every vote lies in
+    the low band, so nothing the teachers say ever reaches the frequencies above it, and the generator's upsampling
+    fills them with a grid that no vote corrects. In GS-WGAN the gradient into the generator is then sanitised in the
+    band's m^2 coefficients (:func:`dpsyn.methods.gs_wgan.sanitize` with a basis), so the per-sample noise keeps
+    m^2 / d of its energy."""
 
     def __init__(self, generator: CondDCGANGenerator, basis: torch.Tensor) -> None:
         super().__init__()

@@ -1,18 +1,24 @@
 """One checkpointer for every resuming part of a run: the step, the training state and the ledger, saved atomically
 in one file under ``run_dir/checkpoints`` and restored together.
 
-A training loop (G-PATE, PATE-GAN, GS-WGAN, PE) and the run itself (``checkpoints/fitted.pt``, :mod:`dpsyn.task`)
-use it the same way::
+Its callers:
 
-    ckpt = Checkpointer.in_run(ctx.run_dir, "g_pate.pt", fingerprint, every=hp["checkpoint_every"])
-    saved = ckpt.load()                         # None, or a Checkpoint; another fingerprint is refused
-    if saved is not None:
-        start = saved.step
-        G.load_state_dict(saved.state["G"])
-        ids = saved.restore_ledger(ledger)      # the events charged before the interruption, charged once
-    ...
-    if ckpt.due(step):
-        ckpt.save(step, {"G": G.state_dict(), ...}, ledger)
+* the hand-written training loops (G-PATE, PATE-GAN, GS-WGAN, PE) never call it themselves: their ``fit`` runs
+  inside a :class:`dpsyn.methods.session.FitSession`, which owns one :class:`Checkpointer` (``run_dir/checkpoints/
+  <method>.pt``, written every ``every`` steps), loads it on entry (another fingerprint is refused), restores the
+  objects of its ``state`` in place (its plain ``values`` are in ``session.saved``) and the saved ledger into the
+  run's, and saves after each due step::
+
+      with FitSession(ctx, ledger, "g_pate.pt", fingerprint, state={"G": G, "opt_g": opt_g, ...}, total=steps,
+                      desc="g_pate rounds", every=hp["checkpoint_every"]) as s:
+          s.open(lambda: PATEEvent(...))      # the run's event: restored on resume, else recorded now
+          for step in s.steps():              # from the saved step on; checkpoints written as they fall due
+              ...
+
+* the run itself (``checkpoints/fitted.pt``: the fitted state with the ledger it was fitted under,
+  :func:`dpsyn.task.save_fitted_state`);
+* a one-off release reused by a rerun (``checkpoints/dp_mepf_release.pt``, :mod:`dpsyn.methods.dp_mepf`), which
+  calls :meth:`Checkpointer.load` / :meth:`Checkpointer.save` and :meth:`Checkpoint.restore_ledger` directly.
 
 It lives in :mod:`dpsyn.results` beside the atomic writers it uses (:func:`dpsyn.results.io.atomic_torch_save`):
 a checkpoint is a run-directory artefact written by the CLI as well as by methods, and keeping it here lets the
