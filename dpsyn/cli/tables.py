@@ -364,7 +364,8 @@ def main(argv: list[str] | None = None) -> None:
                        "the repo, the registry and the schemas")
     p.add_argument("--from", dest="source", type=Path, default=EXPERIMENTS_DIR)
     p.add_argument("--readme", type=Path, default=None, help="one file only (default: README.md and docs/**/*.md)")
-    p.add_argument("--check", action="store_true", help="exit 1 if a generated block of README.md or docs/ differs from what would be written")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if a generated block of README.md or docs/ differs from what would be written")
     args = ap.parse_args(argv)
     try:
         require_checkout(f"python -m dpsyn.cli.tables {args.cmd}")

@@ -387,8 +387,11 @@ class GPATESchema(PATENoiseSchema):
     teacher_steps: int = f(1, **POSITIVE, help="teacher Adam steps per generator step (paper: 1)")
     teacher_fakes: int = f(
         1, **POSITIVE,
-        help="fakes per real row in a teacher's step (paper: 1, the round's b fakes): r > 1 shows every teacher r*tb "
-             "label-matched fakes from fresh latents (fakes are G's, free of privacy cost)")
+        help="Diagnostic: fakes per real row in a teacher's step; isolates whether the teachers see too little of G's "
+             "distribution: r > 1 shows every teacher r*tb label-matched fakes from fresh latents. Any eps, accounting "
+             "unchanged (fakes are G's output; the queries stay the round's b samples'). Not a setting of the "
+             "published method (paper and reference code: 1, the round's b fakes); docs/papers/long2021.md, The "
+             "ladders")
     steps: int = f(
         200, **POSITIVE,
         help="maximum generator steps (CPU cap, ~15 min on 2 cores; at eps=1 the budget stops first; fmnist eps >= "
@@ -399,9 +402,11 @@ class GPATESchema(PATENoiseSchema):
              "answered; a true DP bound; fmnist eps < 10) | data_dependent (paper)")
     inf_aggregate: str = f(
         "mean", choices=("mean", "projected", "vote"),
-        help="eps=inf: mean (the reference code's non-private aggregation: the teachers' mean gradient) | projected "
-             "(mean of the projected gradients) | vote (DPGradAgg's plain argmax): the ladder of "
-             "docs/papers/long2021.md")
+        help="Diagnostic: the G-PATE ladder's rungs, what an eps=inf run aggregates, isolating the step of DPGradAgg "
+             "where learning stops: mean (the teachers' mean gradient, the reference code's non-private aggregation) | "
+             "projected (+ the projection: mean of the projected gradients) | vote (+ clip, bins and vote: DPGradAgg's "
+             "plain argmax, no noise). Read at eps=inf only (a private run always votes, accounted as usual); not a "
+             "setting of the published method. docs/papers/long2021.md, The ladders")
     latent: str = f("uniform", choices=("uniform", "normal"), help="z ~ U(-1, 1) (the reference code) | normal")
     z_dim: int = f(50, **POSITIVE, help="(paper: 50 for MNIST)")
     ngf: int = f(32, **POSITIVE, help="generator width (dpsyn.nets.dcgan.CondDCGANGenerator)")
@@ -473,14 +478,17 @@ class PATEGANSchema(PATENoiseSchema):
         help="student Adam steps on each step's answered samples (post-processing: free)")
     vote_quantile: Optional[float] = f(
         None, gt=0, lt=1,
-        help="teacher i votes \"real\" above this quantile (in (0, 1)) of its logits on the step's generated samples "
-             "(its own cut: sensitivity unchanged); null = above logit 0 (Jordon et al.). See "
-             "docs/papers/long2021.md: neither rule learns classes at eps=inf on the embedded setting yet")
+        help="Diagnostic: teacher i votes \"real\" above this quantile (in (0, 1)) of its logits on the step's "
+             "generated samples instead of above logit 0; isolates whether the all-\"fake\" labels stop the student. "
+             "Any eps, accounting unchanged (each teacher's own cut: sensitivity unchanged). Not a setting of the "
+             "published method (null = above logit 0, Jordon et al.); neither rule learns classes at eps=inf on the "
+             "embedded setting: docs/papers/long2021.md, The ladders")
     inf_signal: str = f(
         "student", choices=("student", "teachers"),
-        help="what G learns from: student (Algorithm 1) | teachers (eps=inf only: G against the teacher ensemble "
-             "itself, the student unread; not DP, refused at finite eps): the PATE-GAN ladder of "
-             "docs/papers/long2021.md")
+        help="Diagnostic: the PATE-GAN ladder's rungs, what G learns from, isolating whether learning stops at the "
+             "student: student (Algorithm 1, the published method) | teachers (G against the teacher ensemble itself, "
+             "the student unread: not DP, so eps=inf only, refused at finite eps; not a setting of the published "
+             "method). docs/papers/long2021.md, The ladders")
     steps: int = f(
         500, **POSITIVE,
         help="maximum generator steps (CPU cap; at eps=1 the budget stops training first: 195 steps)")

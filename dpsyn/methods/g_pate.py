@@ -14,9 +14,10 @@ gradients of an ensemble of teacher discriminators (Algorithms 1 and 2 of the pa
   pass through it otherwise); smaller partitions (digits, tables) keep ``batch_size`` for the generator and
   min(batch_size, m) for the teachers. Teacher i's fakes carry its own real rows' labels (label-matched, as the reference code feeds the
   round's conditioning to both), drawn once per round from z ~ U(-1, 1) (``method.latent``).
-  ``method.teacher_fakes=r`` (default 1, the reference code) shows each teacher r fakes per real row, from r*tb
-  fresh latents, the j-th real row's label on fakes j, j+tb, ...: a sharper picture of the generator's distribution
-  at no privacy cost (fakes are G's output; the queries and their count stay those of the round's b samples).
+  The diagnostic switch ``method.teacher_fakes=r`` (default 1, the paper and the reference code) shows each teacher
+  r fakes per real row, from r*tb fresh latents, the j-th real row's label on fakes j, j+tb, ...: a sharper picture
+  of the generator's distribution at no privacy cost (fakes are G's output; the queries and their count stay those
+  of the round's b samples).
 * DPGradAgg (:func:`dp_grad_agg`), per generated sample x_j: every teacher's gradient g_i = -grad_x BCE(D_i(x_j), 1)
   is projected on a fresh random matrix R_j in R^{d x k} (entries N(0, 1/k), or Gaussian directions inside the span
   of the low 2-D DCT frequencies with ``method.projection=dct``; data-independent, drawn from the run seed), clipped

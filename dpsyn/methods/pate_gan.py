@@ -10,8 +10,8 @@ Per step (Algorithm 1 of Jordon et al., with the data kept where it belongs):
   generator's current samples (label 0), ``teacher_steps`` Adam steps each
   (:class:`dpsyn.nets.ensemble.TeacherEnsemble`, the N teachers as one batched computation).
 * Student labels (:func:`binary_votes`, :func:`student_labels`): ``batch_size`` fresh generated samples, one query
-  each; teacher i votes 1 ("real") where its logit is > 0 (or, with ``method.vote_quantile``, above its own cut:
-  :func:`vote_cuts`), else 0; the (b, 2) vote histogram is answered by
+  each; teacher i votes 1 ("real") where its logit is > 0 (or, with the diagnostic switch ``method.vote_quantile``,
+  above its own cut: :func:`vote_cuts`), else 0; the (b, 2) vote histogram is answered by
   Confident-GNMax (:func:`dpsyn.privacy.confident_gnmax`: a noisy threshold check with ``sigma_threshold`` against
   ``threshold``, then the noisy argmax with ``sigma``). Unanswered samples are dropped from the student's batch.
 * Student S (:func:`student_step`): BCE on the answered generated samples and their aggregated labels, nothing else.
