@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
+from dpsyn.config import load_group
+
 from dpsyn.data import DATASETS, DataFormatError, load_dataset, read_idx
 from dpsyn.data import fmnist as fmnist_mod
 from dpsyn.data.common import COMMON_KEYS
@@ -69,7 +71,7 @@ def write_fake_fmnist(directory: Path, *, gz: bool = True, seed: int = 0) -> dic
 
 def dataset_cfg(name: str, **overrides: object) -> DictConfig:
     """The shipped ``conf/dataset/<name>.yaml`` with overrides, in struct mode as Hydra composes it."""
-    cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / f"{name}.yaml"), overrides)
+    cfg = OmegaConf.merge(load_group("dataset", name), overrides)
     OmegaConf.set_struct(cfg, True)
     return cfg
 
@@ -485,7 +487,7 @@ def test_config_errors_name_key_and_allowed_values(name: str, overrides: dict, p
 
 
 def test_unknown_key_rejected(tmp_path: Path) -> None:
-    cfg = {**OmegaConf.to_container(OmegaConf.load(CONF_DIR / "fmnist.yaml")), "n_privat": 10}
+    cfg = {**OmegaConf.to_container(load_group("dataset", "fmnist")), "n_privat": 10}
     with pytest.raises(ValueError, match="unknown key dataset.n_privat"):
         load_dataset(cfg, seed=0, data_dir=tmp_path)
 
@@ -494,7 +496,7 @@ def test_every_registered_dataset_has_a_yaml() -> None:
     files = {p.stem for p in CONF_DIR.glob("*.yaml")}
     assert files == set(DATASETS.names())
     for stem in files:
-        cfg = OmegaConf.load(CONF_DIR / f"{stem}.yaml")
+        cfg = load_group("dataset", stem)  # the file over its schema
         assert cfg.name == stem
         assert COMMON_KEYS <= set(cfg.keys()), f"{stem}.yaml lacks {COMMON_KEYS - set(cfg.keys())}"
         assert cfg.split_seed == 0 and cfg.n_private is None and cfg.download is False
@@ -532,7 +534,7 @@ def test_fashion_mnist_failed_download_is_reported(
 
 def test_attribute_config_and_json_info(fake_fmnist) -> None:
     root, _ = fake_fmnist
-    cfg = SimpleNamespace(**OmegaConf.to_container(OmegaConf.load(CONF_DIR / "fmnist_tops.yaml")))
+    cfg = SimpleNamespace(**OmegaConf.to_container(load_group("dataset", "fmnist_tops")))
     bundle = load_dataset(cfg, seed=0, data_dir=root)
     assert bundle.classes == ["T-shirt/top", "Pullover", "Coat", "Shirt"]
     info = json.loads(json.dumps(bundle.info))  # result.json must be able to record it

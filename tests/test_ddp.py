@@ -18,6 +18,7 @@ from torch.nn import functional as F
 
 from dpsyn.nets.dcgan import CondDCGANDiscriminator
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator
+from dpsyn.config import load_group
 
 WORLD, B, CLIP, NM, SEED = 2, 8, 0.5, 0.8, 13
 SHAPE, CLASSES = (6,), 3
@@ -229,11 +230,10 @@ def _tiny_dp_gan_fit(*, eps: float = 3.0, batch: int = 8, devices: int = 2, ledg
 
     from dpsyn.data.base import Split
     from dpsyn.methods import METHODS, PrivacyBudget
-    from dpsyn.paths import CONF_DIR
     from dpsyn.privacy import PrivacyLedger
     from tests.conftest import run_context
 
-    cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / "method" / "dp_gan.yaml"),
+    cfg = OmegaConf.merge(load_group("method", "dp_gan"),
                           {"batch_size": batch, "table_g_hidden": [8], "table_d_hidden": [8], "checkpoint_every": 0})
     ctx = run_context(kind="table", shape=(4,), classes=("a", "b"),
                       trainer={"strategy": "dpsgd_ddp", "devices": devices, "accelerator": "cpu", "max_epochs": 1,

@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from dpsyn.lit.gan import noise_only_step, planned_steps
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
 from tests.conftest import run_context
+from dpsyn.config import load_group
 
 
 # end-to-end runs on fmnist whose checks do not depend on the networks' width or on image metrics: a narrow DCGAN (the
@@ -199,15 +200,12 @@ def test_dp_gan_on_a_table_releases_class_proportions_then_dp_sgd_within_target(
 
 
 def test_dp_gan_table_labels_follow_the_released_proportions() -> None:
-    from omegaconf import OmegaConf
-
     from dpsyn.data.base import Split
     from dpsyn.methods import METHODS, PrivacyBudget
     from dpsyn.methods.dp_gan import _ProportionalLabelGAN
-    from dpsyn.paths import CONF_DIR
     from dpsyn.privacy import ApproxDPEvent, PrivacyLedger
 
-    cfg = OmegaConf.load(CONF_DIR / "method" / "dp_gan.yaml")
+    cfg = load_group("method", "dp_gan")
     cfg.batch_size, cfg.class_ratio_epsilon = 32, 0.5
     ctx = run_context(kind="table", shape=(4,), trainer={"max_epochs": 1, "limit_train_batches": 2,
                                                           "enable_progress_bar": False, "enable_model_summary": False})

@@ -13,12 +13,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from dpsyn.config import load_group
+
 from dpsyn.data.base import Split
 from dpsyn.methods.base import PrivacyBudget, RunContext
 from dpsyn.methods.dp_dre import DensityRatioEstimator, DPSGDSettings, sampling_weights
 from dpsyn.methods.dp_mge import DPMGE, dp_moments, plan_releases
 from dpsyn.methods.public_baselines import centroid_labels, private_label_map
-from dpsyn.paths import CONF_DIR
 from dpsyn.privacy import PrivacyLedger, dp_generator, dpsgd_noise_multiplier, gaussian_sigma
 from dpsyn.public import PublicModels
 from tests.conftest import run_context
@@ -106,7 +107,7 @@ def _ctx(**kw: Any) -> RunContext:
 
 
 def _mge(monkeypatch: pytest.MonkeyPatch, models: PublicModels, ctx: RunContext | None = None, **over: Any) -> DPMGE:
-    cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / "method" / "dp_mge.yaml"), over)
+    cfg = OmegaConf.merge(load_group("method", "dp_mge"), over)
     m = DPMGE(cfg, ctx or _ctx())
     monkeypatch.setattr(m, "public_models", lambda: models)
     return m

@@ -19,6 +19,7 @@ from dpsyn.methods.pe.method import class_sizes, pe_noise_multiplier
 from dpsyn.privacy import dp_numpy_generator, gdp_epsilon
 from tests.conftest import run_context
 from tests.tiny import TINY_PUBLIC
+from dpsyn.config import load_group
 
 TINY_PE = ("method.population=60", "method.degrees=[0.6,0.4,0.3]", "method.lookahead=1", "method.threshold=1.0",
            "dataset.n_private=300", "metrics.n_samples=200", "metrics.n_real=300", "method.public_pool=300")
@@ -287,9 +288,7 @@ class _CountingAPI(pe_api.PEAPI):
 
 
 def test_lookahead_averages_k_variations(monkeypatch) -> None:
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.load(Path(pe_method.__file__).parents[3] / "conf" / "method" / "pe.yaml")
+    cfg = load_group("method", "pe")
     cfg.lookahead = 3
     ctx = run_context(shape=(1, 1, 1), classes=["a", "b"])
     pe = pe_method.PE(cfg, ctx)

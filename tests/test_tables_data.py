@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
+from dpsyn.config import load_group
+
 from dpsyn.data import DATASETS, DataFormatError, load_dataset
 from dpsyn.data.tables import KAGGLE_CREDIT_COLUMNS, KAGGLE_CREDIT_URL
 
@@ -22,7 +24,7 @@ N_LEGIT, N_FRAUD = 52, 8
 
 def dataset_cfg(**overrides: object) -> DictConfig:
     """The shipped ``conf/dataset/kaggle_credit.yaml`` with overrides, in struct mode as Hydra composes it."""
-    cfg = OmegaConf.merge(OmegaConf.load(CONF_DIR / "kaggle_credit.yaml"), overrides)
+    cfg = OmegaConf.merge(load_group("dataset", "kaggle_credit"), overrides)
     OmegaConf.set_struct(cfg, True)
     return cfg
 
@@ -51,7 +53,7 @@ def _minmax(a: np.ndarray) -> np.ndarray:
 
 def test_kaggle_credit_is_registered_with_a_yaml() -> None:
     assert "kaggle_credit" in DATASETS.names()
-    cfg = OmegaConf.load(CONF_DIR / "kaggle_credit.yaml")
+    cfg = load_group("dataset", "kaggle_credit")
     assert cfg.kind == "table" and cfg.family == "kaggle_credit" and cfg.path is None
 
 
