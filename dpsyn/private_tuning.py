@@ -279,12 +279,11 @@ def _log_files_paused() -> Iterator[None]:
 
 def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Run the search (module docstring) and publish the best trial in ``run_dir``; returns its result record."""
-    from dpsyn.task import family_loader, git_sha, run, versions
+    from dpsyn.task import family_loader, git_sha, privacy_record, run, versions
     from dpsyn.data import load_dataset
     from dpsyn.methods import Samples
     from dpsyn.metrics import evaluate
     from dpsyn.privacy import PrivacyEvent, PrivacyLedger, RepeatAndSelectEvent, dp_numpy_generator
-    from dpsyn.privacy.ledger import ADJACENCY_TEXT
     from dpsyn.privacy.dpsgd import rdp_orders
     from dpsyn.privacy.ledger import events_rdp
     from dpsyn.privacy.tuning import draw_trial_count, trials_distribution_name
@@ -382,10 +381,7 @@ def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "profile": cfg.profile,
         "epsilon_spent": spent,
         "non_private_reference": False,
-        "accountant": ledger.accountant_description(),
-        "adjacency": ADJACENCY_TEXT,  # the neighbour relation of every epsilon here
-        "privacy_events": ledger.to_dict()["events"],
-        "deterministic_noise": bool(cfg.privacy.deterministic_noise),
+        **privacy_record(cfg, ledger),
         "metrics": metrics,
         "metric_info": metric_info,
         "n_private": tr["n_private"],

@@ -176,7 +176,6 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from dpsyn.metrics import evaluate, make_monitor
     from dpsyn.trial import is_private_trial, trial_score
     from dpsyn.privacy import PrivacyLedger
-    from dpsyn.privacy.ledger import ADJACENCY_TEXT
     from dpsyn.privacy.journal import JOURNAL_PATH
     from dpsyn.results.grid import save_sample_grid
     from dpsyn.results.io import atomic_save_npz, atomic_write_json, atomic_write_text
@@ -316,10 +315,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "profile": cfg.profile,
             "epsilon_spent": spent,
             "non_private_reference": bool(method_cls.reference),
-            "accountant": ledger.accountant_description(),
-            "adjacency": ADJACENCY_TEXT,  # the neighbour relation of every epsilon here
-            "privacy_events": ledger.to_dict()["events"],
-            "deterministic_noise": bool(cfg.privacy.deterministic_noise),
+            **privacy_record(cfg, ledger),
             "metrics": metrics,
             "metric_info": metric_info,
             "n_private": len(data.private),
@@ -345,6 +341,16 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             import wandb
 
             wandb.finish()
+
+
+def privacy_record(cfg: DictConfig, ledger: Any) -> dict[str, Any]:
+    """What every result.json says of its privacy: the accountant, the neighbour relation of every epsilon in it, the
+    ledger's events and whether the noise was seeded deterministically (not private)."""
+    from dpsyn.privacy.ledger import ADJACENCY_TEXT
+
+    return {"accountant": ledger.accountant_description(), "adjacency": ADJACENCY_TEXT,
+            "privacy_events": ledger.to_dict()["events"],
+            "deterministic_noise": bool(cfg.privacy.deterministic_noise)}
 
 
 def tuning_release(cfg: DictConfig, ledger: Any) -> dict[str, Any] | None:
