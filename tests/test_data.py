@@ -71,7 +71,7 @@ def write_fake_fmnist(directory: Path, *, gz: bool = True, seed: int = 0) -> dic
 
 def dataset_cfg(name: str, **overrides: object) -> DictConfig:
     """The shipped ``conf/dataset/<name>.yaml`` with overrides, in struct mode as Hydra composes it."""
-    cfg = OmegaConf.merge(load_group("dataset", name), overrides)
+    cfg = OmegaConf.merge(OmegaConf.to_container(load_group("dataset", name)), overrides)  # untyped
     OmegaConf.set_struct(cfg, True)
     return cfg
 

@@ -24,7 +24,7 @@ N_LEGIT, N_FRAUD = 52, 8
 
 def dataset_cfg(**overrides: object) -> DictConfig:
     """The shipped ``conf/dataset/kaggle_credit.yaml`` with overrides, in struct mode as Hydra composes it."""
-    cfg = OmegaConf.merge(load_group("dataset", "kaggle_credit"), overrides)
+    cfg = OmegaConf.merge(OmegaConf.to_container(load_group("dataset", "kaggle_credit")), overrides)  # untyped
     OmegaConf.set_struct(cfg, True)
     return cfg
 
