@@ -27,7 +27,8 @@ from dpsyn.config.schema import (
 )
 
 __all__ = ["ACCOUNTANTS", "METHOD_SCHEMAS", "SCHEMAS", "ConfigError", "MethodFacts", "SchemaError", "add_method_schema",
-           "eps_at_least", "method_facts", "method_names", "fingerprint", "hydra_error_line", "load_group", "register", "resolve_pate_noise", "schema_of", "validate"]
+           "eps_at_least", "fingerprint", "hydra_error_line", "load_group", "method_facts", "method_names", "register",
+           "resolve_pate_noise", "schema_of", "validate"]
 
 VALIDATED_GROUPS = ("method", "dataset", "privacy", "trainer", "metrics", "public")
 
