@@ -54,6 +54,7 @@ KNN_BACKENDS = ("auto", "faiss", "torch")
 PE_SELECTIONS = ("sample", "rank")
 CALIBRATIONS = ("classic", "analytic")
 PATE_BOUNDS = ("data_independent", "data_dependent", "renyi_filter")
+GAN_LOSSES = ("bce", "hinge")
 
 
 class ConfigError(ValueError):
@@ -155,6 +156,14 @@ class DPGANSchema(MethodSchema):
         1, **POSITIVE,
         help="discriminator steps per generator step (DPImageBench's d_updates: 5); every one is a DP release the "
              "ledger charges, the generator steps after each d_steps-th")
+    loss: str = f(
+        "bce", choices=GAN_LOSSES,
+        help="bce (non-saturating) | hinge (DPImageBench's): each row's gradient; the clipping, noise and ledger are "
+             "the same (dpsyn.lit.gan_loss)")
+    ema: float = f(
+        0.0, ge=0, lt=1,
+        help="> 0: the samples come from an EMA of G's weights with this max decay, warm-up (1+t)/(10+t) over G steps"
+             " t (DPImageBench: 0.999); post-processing, 0 = G")
     checkpoint_every: int = f(
         100, **NON_NEGATIVE,
         help="discriminator steps between checkpoints (run_dir/checkpoints/last.ckpt); 0 = none")

@@ -180,6 +180,8 @@ def _gan_rank(rank: int, job: GANDDPJob) -> None:
         if module is not None:
             state = {
                 "G": {k: v.detach().cpu() for k, v in module.G.state_dict().items()},
+                "G_ema": None if module.G_ema is None else {
+                    k: v.detach().cpu() for k, v in module.G_ema.state_dict().items()},
                 "D": {k: v.detach().cpu() for k, v in module.D._module.state_dict().items()},
                 "dp_steps": int(module.dp_steps),
                 "noise_multiplier": module.dp["noise_multiplier"],

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dpsyn.lit.gan_loss import discriminator_loss
 from dpsyn.nets.dcgan import CondDCGANDiscriminator
 
 _PARAMETER_FREE = (nn.LeakyReLU, nn.ReLU, nn.Flatten, nn.Identity, nn.Tanh, nn.Sigmoid)
@@ -188,8 +189,11 @@ def _first_conv_weight_samples(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor
 
 
 def grad_samples(discriminator: nn.Module, x: torch.Tensor, y: torch.Tensor, targets: torch.Tensor, *,
-                 paired: bool) -> dict[nn.Parameter, torch.Tensor]:
-    """Per-sample gradients of ``sum_i BCE-with-logits(D(x_i, y_i), targets_i)`` for every parameter of ``D``.
+                 paired: bool, loss: str = "bce") -> dict[nn.Parameter, torch.Tensor]:
+    """Per-sample gradients of ``sum_i loss(D(x_i, y_i), targets_i)`` for every parameter of ``D``.
+
+    ``loss`` is the discriminator loss of :func:`dpsyn.lit.gan_loss.discriminator_loss` (``bce``: BCE with logits;
+    ``hinge``: ``relu(1 - s_i * D(x_i, y_i))`` with ``s_i = 2 * targets_i - 1``).
 
     ``paired``: ``x`` holds b real rows then b fake rows, and row i's gradient is that of real row i plus fake
     row i (the paired DP-SGD step, :mod:`dpsyn.lit.gan`): the result has b rows. Otherwise one gradient per row.
@@ -233,8 +237,8 @@ def grad_samples(discriminator: nn.Module, x: torch.Tensor, y: torch.Tensor, tar
             else:
                 a = m(a)
         logits = a.squeeze(1)
-        loss = F.binary_cross_entropy_with_logits(logits, targets.to(logits.dtype), reduction="sum")
-        out_grads = torch.autograd.grad(loss, outputs)
+        total = discriminator_loss(logits, targets.to(logits.dtype), loss)
+        out_grads = torch.autograd.grad(total, outputs)
 
     result: dict[nn.Parameter, torch.Tensor] = {}
     k = 0

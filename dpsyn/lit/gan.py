@@ -39,6 +39,7 @@ and the generator's gradients are averaged over the ranks before its step, so G 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -48,9 +49,10 @@ from typing import Any
 import lightning as L
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from dpsyn.lit import fused_grad_sample
+from dpsyn.lit.ema import update_ema
+from dpsyn.lit.gan_loss import LOSSES, discriminator_loss, generator_loss
 from dpsyn.lit.poisson import planned_steps  # noqa: F401  (re-exported: the step count dp_gan calibrates for)
 from dpsyn.privacy import gaussian_mechanism
 
@@ -84,6 +86,12 @@ class GANModule(L.LightningModule):
         d_steps: discriminator steps per generator step (DPImageBench's ``d_updates``): the generator steps after
             every ``d_steps``-th discriminator step. Which steps those are depends on the step count only, never on
             the data (an empty Poisson batch counts like any other), and the ledger charges every discriminator step.
+        loss: ``bce`` (non-saturating) or ``hinge`` (:mod:`dpsyn.lit.gan_loss`); it decides each row's gradient,
+            not its clipping, noise or charge.
+        ema: > 0 keeps ``G_ema``, an exponential moving average of G's weights (max decay ``ema``, the warm-up
+            ``(1 + t) / (10 + t)`` over generator steps t, :func:`dpsyn.lit.ema.update_ema`), which :meth:`generate`
+            then uses (post-processing of G). Its step count is the generator steps made, a function of
+            ``dp_steps``, so a resumed run continues the same average (G_ema is in the checkpoint).
     """
 
     def __init__(
@@ -101,8 +109,15 @@ class GANModule(L.LightningModule):
         dpsgd_step: str = "paired",
         split_fake_rows: int | None = None,
         d_steps: int = 1,
+        loss: str = "bce",
+        ema: float = 0.0,
     ) -> None:
         super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"loss={loss!r}; allowed: {', '.join(LOSSES)}")
+        if not 0.0 <= float(ema) < 1.0:
+            raise ValueError(f"ema={ema!r}: a decay in [0, 1) (0 = no average)")
+        self.loss, self.ema = loss, float(ema)
         if int(d_steps) < 1:
             raise ValueError(f"d_steps={d_steps!r}: at least one discriminator step per generator step")
         if dpsgd_step not in DPSGD_STEPS:
@@ -114,6 +129,10 @@ class GANModule(L.LightningModule):
         if self.fake_rows < 2:
             raise ValueError(f"split_fake_rows={split_fake_rows!r}: the generator's BatchNorm needs at least 2 rows")
         self.G, self.D = generator, discriminator
+        # a submodule, so it is in the checkpoint; a copy of G made before training
+        self.G_ema = copy.deepcopy(generator) if self.ema > 0 else None
+        if self.G_ema is not None:
+            self.G_ema.requires_grad_(False)
         self.z_dim, self.num_classes, self.batch = z_dim, num_classes, expected_batch_size
         self.lr_g, self.lr_d, self.beta1 = lr_g, lr_d, beta1
         self.dp = dp
@@ -178,14 +197,11 @@ class GANModule(L.LightningModule):
                 # the per-row real + fake gradients Opacus's hooks would leave, in one pass (no loss to log)
                 targets = torch.cat([torch.ones(b, device=self.device), torch.zeros(b, device=self.device)])
                 fused_grad_sample.set_grad_samples(opt_d, fused_grad_sample.grad_samples(
-                    self.D, torch.cat([x, fake]), torch.cat([y, y_fake]), targets, paired=True))
+                    self.D, torch.cat([x, fake]), torch.cat([y, y_fake]), targets, paired=True, loss=self.loss))
                 loss_real = loss_fake = None
             else:
-                loss_real = F.binary_cross_entropy_with_logits(self.D(x, y), torch.ones(b, device=self.device),
-                                                               reduction="sum")
-                loss_fake = F.binary_cross_entropy_with_logits(
-                    self.D(fake, y_fake), torch.zeros(b, device=self.device), reduction="sum"
-                )
+                loss_real = discriminator_loss(self.D(x, y), torch.ones(b, device=self.device), self.loss)
+                loss_fake = discriminator_loss(self.D(fake, y_fake), torch.zeros(b, device=self.device), self.loss)
                 loss_d = loss_real + loss_fake
                 if self.dp is None:
                     loss_d = loss_d / self.batch
@@ -198,9 +214,7 @@ class GANModule(L.LightningModule):
         # generator: post-processing of the DP discriminator; D is frozen (no parameter or per-sample gradients)
         with self._frozen_discriminator():
             z, y_g = self._latent(self.batch)
-            loss_g = F.binary_cross_entropy_with_logits(
-                self.D(self.G(z, y_g), y_g), torch.ones(self.batch, device=self.device)
-            )
+            loss_g = generator_loss(self.D(self.G(z, y_g), y_g), self.loss)
             opt_g.zero_grad(set_to_none=True)
             self.manual_backward(loss_g)
             if self.distributed:
@@ -208,6 +222,8 @@ class GANModule(L.LightningModule):
 
                 average_gradients(self.G)  # each rank's B/W fakes: the mean over ranks is the mean over B fakes
             opt_g.step()
+            if self.G_ema is not None:
+                update_ema(self.G_ema, self.G, step=self.dp_steps // self.d_steps - 1, max_decay=self.ema)
 
         # Under DP only what is post-processing of the released discriminator is logged: loss_g (a fixed-size batch of
         # fakes through the DP-trained D). loss_d reads the private batch without noise, and its size is the Poisson
@@ -226,12 +242,10 @@ class GANModule(L.LightningModule):
             fake = self.G(z, y_fake)
 
         def fake_loss() -> torch.Tensor:
-            return F.binary_cross_entropy_with_logits(
-                self.D(fake, y_fake), torch.zeros(self.fake_rows, device=self.device), reduction="sum")
+            return discriminator_loss(self.D(fake, y_fake), torch.zeros(self.fake_rows, device=self.device), self.loss)
 
         def real_loss() -> torch.Tensor:
-            return F.binary_cross_entropy_with_logits(
-                self.D(x, y), torch.ones(len(x), device=self.device), reduction="sum")
+            return discriminator_loss(self.D(x, y), torch.ones(len(x), device=self.device), self.loss)
 
         split_dp_step(opt_d, self.D, fake_loss=fake_loss, real_loss=real_loss if len(x) else None,
                       backward=self.manual_backward)
@@ -245,7 +259,8 @@ class GANModule(L.LightningModule):
             import torch.distributed as dist
 
             world = dist.get_world_size()
-            for buf in self.G.buffers():
+            nets = [self.G] if self.G_ema is None else [self.G, self.G_ema]
+            for buf in (b for net in nets for b in net.buffers()):
                 if buf.is_floating_point():
                     dist.all_reduce(buf, op=dist.ReduceOp.SUM)
                     buf /= world
@@ -278,16 +293,22 @@ class GANModule(L.LightningModule):
             if self.dp is not None:
                 self.D.enable_hooks()
 
+    @property
+    def released_generator(self) -> nn.Module:
+        """The generator the samples come from: ``G_ema`` when ``ema > 0``, else G."""
+        return self.G if self.G_ema is None else self.G_ema
+
     @torch.no_grad()
     def generate(self, labels: torch.Tensor, batch_size: int = 1000) -> torch.Tensor:
-        """Images for the given labels, generator in eval mode (BatchNorm running statistics)."""
-        was_training = self.G.training
-        self.G.eval()
+        """Images for the given labels from :attr:`released_generator` in eval mode (BatchNorm running statistics)."""
+        G = self.released_generator
+        was_training = G.training
+        G.eval()
         out = []
         for i in range(0, len(labels), batch_size):
             y = labels[i : i + batch_size].to(self.device)
-            out.append(self.G(torch.randn(len(y), self.z_dim, device=self.device), y).cpu())
-        self.G.train(was_training)
+            out.append(G(torch.randn(len(y), self.z_dim, device=self.device), y).cpu())
+        G.train(was_training)
         return torch.cat(out) if out else torch.empty(0)
 
 

@@ -6,6 +6,9 @@ accountant (RDP by default); the generator is post-processing. The noise multipl
 training, for the exact number of discriminator steps the Trainer will run, so the run spends at most its target.
 
 Images: a conditional DCGAN; labels of the samples are uniform over the classes (a public choice).
+``method.loss`` picks the non-saturating BCE (the default) or the hinge loss (DPImageBench's), and ``method.ema`` > 0
+releases an exponential moving average of G's weights (:class:`~dpsyn.lit.gan.GANModule`); neither changes what
+is clipped, noised or charged.
 Tables (G-PATE's Kaggle protocol, paper 002 Sec. 5): conditional MLPs (``table_g_hidden``/``table_d_hidden``).
 The class proportions are first released with the Laplace mechanism at ``class_ratio_epsilon``
 (:meth:`~dpsyn.methods.base.Method.release_class_proportions`); DP-SGD is calibrated for the remaining
@@ -83,7 +86,8 @@ class DPGAN(Method):
 
     # tables: a Laplace release, DP-SGD the rest
     accounting_keys = (*DPSGD_ACCOUNTING_KEYS, "class_ratio_epsilon")
-    tunable_keys = (*DPSGD_GAN_TUNABLE_KEYS, "ngf", "ndf", "d_steps", "table_g_hidden", "table_d_hidden")
+    tunable_keys = (*DPSGD_GAN_TUNABLE_KEYS, "ngf", "ndf", "d_steps", "loss", "ema", "table_g_hidden",
+                   "table_d_hidden")
     tiny = ("method=dp_gan", "dataset=breast_cancer", *TABLE_METRICS)
 
     kinds = ("image", "table")
@@ -170,6 +174,8 @@ class DPGAN(Method):
             dpsgd_step=str(cfg.dpsgd_step),
             split_fake_rows=cfg.split_fake_rows,
             d_steps=int(cfg.d_steps),
+            loss=str(cfg.loss),
+            ema=float(cfg.ema),
         )
         module_cls: type[GANModule] = GANModule
         if self.label_probs is not None:
@@ -209,6 +215,8 @@ class DPGAN(Method):
                     raise RuntimeError(f"dp_gan: the ranks calibrated noise multiplier {state['noise_multiplier']}, "
                                        f"this process {dp['noise_multiplier']}")
                 self.module.G.load_state_dict(state["G"])
+                if self.module.G_ema is not None:
+                    self.module.G_ema.load_state_dict(state["G_ema"])
                 self.module.D._module.load_state_dict(state["D"])
                 self.module.dp_steps = int(state["dp_steps"])
             except DDPFitError as e:
