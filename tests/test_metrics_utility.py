@@ -229,3 +229,49 @@ def test_downstream_wrn_40_4_trains_through_lightning_and_reads_once() -> None:
                                       limit_train_batches=3, progress=False)
     assert split.n_reads == 1 and out["classifier"] == "wrn_40_4" and len(out["best_epochs"]) == 2
     assert 0.0 <= out["acc"] <= 1.0 and 0.0 <= out["acc_synthetic_val"] <= 1.0
+
+
+def test_cnn_bn_size_shapes_and_eval_mode() -> None:
+    """The dpsyn protocol's classifier: 0.39M parameters at 28x28, one logit per class, and deterministic in eval
+    mode (dropout and BatchNorm's batch statistics off)."""
+    from dpsyn.nets.classifier import BNCNN
+
+    net = utility.build_classifier("cnn_bn", channels=1, num_classes=10, resolution=28)
+    assert isinstance(net, BNCNN)
+    assert sum(p.numel() for p in net.parameters()) == 390_634
+    rgb = utility.build_classifier("cnn_bn", channels=3, num_classes=4, resolution=32).eval()
+    with torch.no_grad():
+        assert rgb(torch.zeros(2, 3, 32, 32)).shape == (2, 4)
+        net.eval()
+        x = torch.rand(5, 1, 28, 28)
+        torch.testing.assert_close(net(x), net(x))
+        torch.testing.assert_close(net(x[:1]), net(x)[:1])  # a row's logits do not depend on the batch in eval
+
+
+def test_cosine_schedule_anneals_the_learning_rate_to_zero_over_the_run() -> None:
+    """``schedule=cosine``: stepped per batch, from lr at the first batch to 0 after the last."""
+    import lightning as L
+
+    from dpsyn.lit.classifier import ClassifierModule
+
+    seen: list[float] = []
+
+    class Spy(L.Callback):
+        def on_train_batch_start(self, trainer, module, *args) -> None:
+            seen.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((40, 1, 8, 8)).astype(np.float32), (np.arange(40) % 2).astype(np.int64)
+    module = ClassifierModule(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 2)), lr=0.1,
+                              schedule="cosine", max_steps=3 * 4)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y)),
+                                         batch_size=10)
+    trainer = L.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[Spy()], limit_val_batches=0)
+    trainer.fit(module, train_dataloaders=loader)
+    assert len(seen) == 12 and seen[0] == pytest.approx(0.1)
+    assert seen == sorted(seen, reverse=True) and seen[-1] == pytest.approx(0.1 * (1 + np.cos(np.pi * 11 / 12)) / 2)
+    with pytest.raises(ValueError, match="max_steps"):
+        ClassifierModule(torch.nn.Linear(1, 1), lr=0.1, schedule="cosine")
+    with pytest.raises(ValueError, match="schedule='step'"):
+        ClassifierModule(torch.nn.Linear(1, 1), lr=0.1, schedule="step")

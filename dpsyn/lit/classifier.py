@@ -16,24 +16,36 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from dpsyn.config.schema import LR_SCHEDULES as SCHEDULES  # the learning-rate schedules of ClassifierModule
+
 
 class ClassifierModule(L.LightningModule):
     """Cross-entropy training of ``net`` with Adam; logs ``train/loss`` and ``val/acc``.
 
+    ``schedule``: ``constant`` (Adam at ``lr`` throughout) or ``cosine`` (the learning rate annealed from ``lr`` to 0
+    over the run, stepped per batch: ``max_steps`` is the run's number of batches).
     Keeps, in memory, the weights of the epoch with the best validation accuracy (no checkpoint files).
     """
 
-    def __init__(self, net: nn.Module, *, lr: float) -> None:
+    def __init__(self, net: nn.Module, *, lr: float, schedule: str = "constant", max_steps: int | None = None) -> None:
         super().__init__()
-        self.net, self.lr = net, lr
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule={schedule!r}; allowed: {', '.join(SCHEDULES)}")
+        if schedule == "cosine" and not max_steps:
+            raise ValueError("a cosine schedule needs the run's number of batches (max_steps)")
+        self.net, self.lr, self.schedule, self.max_steps = net, lr, schedule, max_steps
         self._correct = 0
         self._count = 0
         self.val_history: list[float] = []
         self.best_acc, self.best_epoch = -1.0, -1
         self.best_state: dict[str, Any] | None = None
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.net.parameters(), lr=self.lr)
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.Adam(self.net.parameters(), lr=self.lr)
+        if self.schedule == "constant":
+            return opt
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=int(self.max_steps))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -69,20 +81,28 @@ def train_classifier(
     seed: int,
     limit_train_batches: int | float | None = None,
     progress: bool = True,
+    schedule: str = "constant",
 ) -> dict[str, Any]:
     """Train ``net`` on ``train`` and load the weights of the epoch with the best accuracy on ``val``.
+
+    ``schedule``: the learning-rate schedule (:class:`ClassifierModule`).
 
     Returns:
         ``{"val_acc": best validation accuracy, "best_epoch": int, "val_history": [...]}``.
     """
     L.seed_everything(seed, verbose=False)
-    module = ClassifierModule(net, lr=lr)
     train_loader = DataLoader(
         TensorDataset(torch.from_numpy(train[0]), torch.from_numpy(train[1])),
         batch_size=batch_size,
         shuffle=True,
         generator=torch.Generator().manual_seed(seed),
     )
+    batches = len(train_loader)
+    if isinstance(limit_train_batches, int) and not isinstance(limit_train_batches, bool):
+        batches = min(batches, limit_train_batches)
+    elif isinstance(limit_train_batches, float):
+        batches = max(1, int(batches * limit_train_batches))
+    module = ClassifierModule(net, lr=lr, schedule=schedule, max_steps=max(1, batches * epochs))
     val_loader = DataLoader(TensorDataset(torch.from_numpy(val[0]), torch.from_numpy(val[1])), batch_size=1024)
     trainer = L.Trainer(
         max_epochs=epochs,

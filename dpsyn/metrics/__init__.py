@@ -189,6 +189,7 @@ def _acc(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tuple
         seed=env["seed"],
         classifier=str(c.name),
         ensemble=int(c.ensemble),
+        schedule=str(c.schedule),
     )
     values = {"acc": out["acc"], "acc_synthetic_val": out["acc_synthetic_val"], "acc_best_epoch": out["best_epoch"]}
     info = {"classifier": out["classifier"], "ensemble": out["ensemble"], "n_train": out["n_train"],

@@ -5,7 +5,8 @@ set): here the synthetic data are split once into a train part and a held-out pa
 selected on the held-out *synthetic* part, and the real test split, sealed in a
 :class:`~dpsyn.metrics.sealed.SealedSplit`, is read exactly once, by the selected model or ensemble.
 
-Classifiers (``classifier=``): ``small_cnn`` (:class:`~dpsyn.nets.classifier.SmallCNN`, for 28x28/32x32 data) and
+Classifiers (``classifier=``): ``cnn_bn`` (:class:`~dpsyn.nets.classifier.BNCNN`, the default, for 28x28/32x32
+data), ``small_cnn`` (:class:`~dpsyn.nets.classifier.SmallCNN`, the default before, kept for old rows) and
 ``wrn_40_4`` (:class:`~dpsyn.nets.wrn.WideResNet` depth 40 width 4, PE's CIFAR-10 classifier). PE reports an
 ensemble of 5: ``ensemble=k`` trains k members on the same synthetic train part, each with its own seed, and
 predicts with the mean of their logits (not a vote).
@@ -23,7 +24,7 @@ from torch import nn
 
 from dpsyn.lit.classifier import predict, train_classifier
 from dpsyn.metrics.sealed import SealedSplit, TestSetReuseError, accuracy_from_logits, seal
-from dpsyn.nets.classifier import SmallCNN
+from dpsyn.nets.classifier import BNCNN, SmallCNN
 from dpsyn.nets.wrn import wrn_40_4
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 #: classifier name -> builder(channels, num_classes, resolution) of a fresh, untrained network
 CLASSIFIERS: dict[str, Callable[[int, int, int], nn.Module]] = {
     "small_cnn": lambda channels, num_classes, resolution: SmallCNN(
+        channels=channels, num_classes=num_classes, resolution=resolution
+    ),
+    "cnn_bn": lambda channels, num_classes, resolution: BNCNN(
         channels=channels, num_classes=num_classes, resolution=resolution
     ),
     "wrn_40_4": lambda channels, num_classes, resolution: wrn_40_4(num_classes=num_classes, channels=channels),
@@ -95,6 +99,7 @@ def downstream_accuracy(
     limit_train_batches: int | float | None = None,
     device: str | torch.device | None = None,
     progress: bool = True,
+    schedule: str = "constant",
 ) -> dict[str, Any]:
     """Accuracy on the real test split of classifiers trained and selected on synthetic data only.
 
@@ -113,12 +118,13 @@ def downstream_accuracy(
         lr: Adam learning rate.
         val_fraction: fraction of the synthetic data held out for model selection, in (0, 1).
         seed: seed of the split and of member 0.
-        classifier: ``"small_cnn"`` or ``"wrn_40_4"`` (see :data:`CLASSIFIERS`).
+        classifier: a key of :data:`CLASSIFIERS`.
         ensemble: number of members (PE reports 5).
         limit_train_batches: passed to the Lightning trainer (for smoke runs).
         device: where to predict (None: the CPU via :func:`dpsyn.lit.classifier.predict`; ``"cuda"`` for WRN at
             scale). Training uses Lightning's ``accelerator="auto"``.
         progress: show Lightning's progress bar.
+        schedule: the learning-rate schedule, ``constant`` or ``cosine`` (:class:`dpsyn.lit.classifier.ClassifierModule`).
 
     Returns:
         ``acc`` (test accuracy of the ensemble), ``acc_synthetic_val`` (selection accuracy: the ensemble's accuracy on
@@ -174,6 +180,7 @@ def downstream_accuracy(
             seed=member_seed,
             limit_train_batches=limit_train_batches,
             progress=progress,
+            schedule=schedule,
         )
         log.info("downstream %s member %d/%d: best epoch %d, held-out synthetic acc %.4f",
                  classifier, k + 1, ensemble, fit["best_epoch"], fit["val_acc"])
