@@ -23,17 +23,16 @@ class ClassifierModule(L.LightningModule):
     """Cross-entropy training of ``net`` with Adam; logs ``train/loss`` and ``val/acc``.
 
     ``schedule``: ``constant`` (Adam at ``lr`` throughout) or ``cosine`` (the learning rate annealed from ``lr`` to 0
-    over the run, stepped per batch: ``max_steps`` is the run's number of batches).
+    over the run, stepped per batch; the run's length is the Trainer's ``estimated_stepping_batches``, which follows
+    ``max_epochs`` and ``limit_train_batches``).
     Keeps, in memory, the weights of the epoch with the best validation accuracy (no checkpoint files).
     """
 
-    def __init__(self, net: nn.Module, *, lr: float, schedule: str = "constant", max_steps: int | None = None) -> None:
+    def __init__(self, net: nn.Module, *, lr: float, schedule: str = "constant") -> None:
         super().__init__()
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule={schedule!r}; allowed: {', '.join(SCHEDULES)}")
-        if schedule == "cosine" and not max_steps:
-            raise ValueError("a cosine schedule needs the run's number of batches (max_steps)")
-        self.net, self.lr, self.schedule, self.max_steps = net, lr, schedule, max_steps
+        self.net, self.lr, self.schedule = net, lr, schedule
         self._correct = 0
         self._count = 0
         self.val_history: list[float] = []
@@ -44,7 +43,8 @@ class ClassifierModule(L.LightningModule):
         opt = torch.optim.Adam(self.net.parameters(), lr=self.lr)
         if self.schedule == "constant":
             return opt
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=int(self.max_steps))
+        steps = max(1, int(self.trainer.estimated_stepping_batches))
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -97,12 +97,7 @@ def train_classifier(
         shuffle=True,
         generator=torch.Generator().manual_seed(seed),
     )
-    batches = len(train_loader)
-    if isinstance(limit_train_batches, int) and not isinstance(limit_train_batches, bool):
-        batches = min(batches, limit_train_batches)
-    elif isinstance(limit_train_batches, float):
-        batches = max(1, int(batches * limit_train_batches))
-    module = ClassifierModule(net, lr=lr, schedule=schedule, max_steps=max(1, batches * epochs))
+    module = ClassifierModule(net, lr=lr, schedule=schedule)
     val_loader = DataLoader(TensorDataset(torch.from_numpy(val[0]), torch.from_numpy(val[1])), batch_size=1024)
     trainer = L.Trainer(
         max_epochs=epochs,
