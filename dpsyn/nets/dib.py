@@ -34,8 +34,9 @@ DPImageBench builds its two class tables with max(private classes, public classe
 ImageNet pretraining labels) and uses only the first 10: an orthogonal 1000 x d matrix has rows of norm about
 sqrt(d / 1000), not 1. ``label_rows`` (default 1000) draws the tables as the first ``num_classes`` rows of such a
 matrix, so the label terms start at their scale; the unused rows are not built (their run's counts with them:
-6,771,970 and 1,342,563). Departures: spectral norm is ``torch.nn.utils.parametrizations.spectral_norm`` (15 power
-iterations when it is attached; theirs starts from random vectors), and ReLUs are not in-place.
+6,771,970 and 1,342,563). Spectral norm is ``torch.nn.utils.spectral_norm`` (one power iteration per training forward),
+as theirs: its hook-based modules pickle, which dpsyn's fitted-state file needs (the ``parametrizations`` version
+refuses ``torch.save`` of the module). The only departure: ReLUs are not in-place.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.utils.parametrizations import spectral_norm
+from torch.nn.utils import spectral_norm
 
 DIB_NGF = 384
 """DPImageBench's generator width: ``4 * g_conv_dim`` with ``g_conv_dim`` 96."""
