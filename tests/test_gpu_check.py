@@ -53,7 +53,8 @@ def test_cpu_mode_writes_an_entry_for_every_check(tmp_path: Path) -> None:
     checks = {c["name"]: c for c in data["checks"]}
     want = ["deps", *(f"method/{m}" for m in METHODS.names()), "paper/g_pate_mnist", "paper/wu2023_swav_32px",
             "paper/wu2023_swav_128px", "paper/pe_cifar10_histogram", "ratio/dpsgd_vs_plain",
-            "ratio/teachers_vmap_vs_loop", "ratio/pe_faiss_gpu_vs_cpu", "paper/dp_gan_dib", "paper/gs_wgan_1000_critics"]
+            "ratio/teachers_vmap_vs_loop", "ratio/pe_faiss_gpu_vs_cpu", "paper/dp_gan_dib",
+            "paper/gs_wgan_1000_critics"]
     assert list(checks) == want
     for name, c in checks.items():
         assert c["status"] in ("passed", "skipped"), (name, c)
