@@ -46,6 +46,7 @@ wheel-check:
 
 bench:
 	$(BIN)/python benchmarks/dpsgd_step.py
+	$(BIN)/python benchmarks/dib_step.py
 	$(BIN)/python benchmarks/metrics_fidelity.py
 	$(BIN)/python benchmarks/pe_histogram.py
 	$(BIN)/python benchmarks/teachers.py

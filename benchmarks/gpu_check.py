@@ -22,7 +22,10 @@ Checks, in order:
 * ``paper/*``: the ``_paper`` profiles' network shapes, random weights, synthetic inputs:
   ``paper/g_pate_mnist`` (long2021_*_paper: G-PATE at MNIST eps=1 from ``conf/method_dataset/g_pate_mnist.yaml``,
   4000 of the authors' ~0.55M-parameter teachers: one ensemble train step on 15 real + 15 fake rows per teacher,
-  every teacher's input gradients, one generator forward/backward), ``paper/gs_wgan_1000_critics`` (run last,
+  every teacher's input gradients, one generator forward/backward), ``paper/dp_gan_dib`` (the dib profile's DP-GAN
+  on DPImageBench's networks, ``method.arch=dib``: one DP discriminator step with Opacus's hooks and one generator
+  step at batch 4096, and the hours of a full run at dpsyn's 1950/390 steps and DPImageBench's 2100/420),
+  ``paper/gs_wgan_1000_critics`` (run last,
   after the ratios: long2021_table1_paper and the dib profile: GS-WGAN's 1000 critics at width 64 on the device, 20
   warm-start and 20 main iterations timed, and the hours the 2M warm-start iterations and the 20000 iterations would
   take at that pace; the warm start also with the profile's ``method.warm_start_chunk`` critics a vmap call, its
@@ -282,10 +285,12 @@ class Env:
 
 SIZES = {
     "cuda": dict(g_pate_teachers=0, gs_wgan_critics=0, gs_wgan_iterations=20, swav_batch=256, pe_n=50_000,
-                 pe_dim=2048, dpsgd_batch=128, dpsgd_steps=20, teachers=2000, teachers_repeats=2, faiss_n=50_000),
+                 pe_dim=2048, dpsgd_batch=128, dpsgd_steps=20, teachers=2000, teachers_repeats=2, faiss_n=50_000,
+                 dib_batch=0, dib_ngf=0, dib_ndf=0),
     # the smallest sizes that still run every code path (0 teachers: the paper's own count)
     "cpu": dict(g_pate_teachers=4, gs_wgan_critics=4, gs_wgan_iterations=2, swav_batch=2, pe_n=300, pe_dim=2048,
-                dpsgd_batch=8, dpsgd_steps=2, teachers=8, teachers_repeats=1, faiss_n=300),
+                dpsgd_batch=8, dpsgd_steps=2, teachers=8, teachers_repeats=1, faiss_n=300,
+                dib_batch=8, dib_ngf=16, dib_ndf=8),
 }
 
 
@@ -683,6 +688,80 @@ def paper_gs_wgan_check(env: Env) -> dict[str, Any]:
     return out
 
 
+DIB_PAPER_STEPS = (2100, 420)
+"""DPImageBench's DP-GAN on F-MNIST: discriminator and generator steps (configs/DPGAN/fmnist_28_eps1.0.yaml)."""
+
+
+def paper_dp_gan_dib_check(env: Env) -> dict[str, Any]:
+    """DP-GAN on DPImageBench's networks (profile dib: conf/method_experiment/dp_gan_dpimagebench_fmnist_dib.yaml,
+    ``method.arch=dib``): one DP discriminator step with Opacus's hooks (dpsyn's fused engine covers the DCGAN only)
+    and one generator step at the profile's batch (0 in the sizes: the profile's, else that many rows and narrow
+    widths), timed, and the hours a full run would take at that pace with dpsyn's step counts and DPImageBench's."""
+    import torch
+    from opacus import GradSampleModule
+    from torch.nn import functional as F
+
+    from dpsyn.lit.dpsgd import dp_optimizer
+    from dpsyn.methods.dp_gan import image_networks
+
+    cfg = compose(["experiment=dpimagebench_fmnist_dib", "method=dp_gan", "eps=1", "trainer=gpu"])
+    m, dev = cfg.method, torch.device(env.device)
+    if str(m.arch) != "dib":
+        raise CheckFailed([f"the dib profile composes method.arch={m.arch}, not dib"], {})
+    b = env.sizes["dib_batch"] or int(m.batch_size)
+    G, D = image_networks("dib", z_dim=int(m.z_dim), num_classes=10, channels=1, resolution=28,
+                          ngf=env.sizes["dib_ngf"] or m.ngf, ndf=env.sizes["dib_ndf"] or m.ndf)
+    n_private, d_steps = int(cfg.dataset.n_private), int(m.d_steps)
+    steps = int(cfg.trainer.max_epochs) * (n_private // int(m.batch_size))
+    out: dict[str, Any] = {"batch": b, "g_params": sum(p.numel() for p in G.parameters()),
+                           "d_params": sum(p.numel() for p in D.parameters()), "d_steps_dpsyn": steps,
+                           "g_steps_dpsyn": steps // d_steps, "d_steps_dpimagebench": DIB_PAPER_STEPS[0],
+                           "g_steps_dpimagebench": DIB_PAPER_STEPS[1]}
+    G, D = G.to(dev), GradSampleModule(D.to(dev), loss_reduction="sum")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    opt_d = dp_optimizer(torch.optim.Adam(D.parameters(), lr=float(m.lr_d), betas=(float(m.beta1), 0.999)),
+                         noise_multiplier=1.0, max_grad_norm=float(m.max_grad_norm), expected_batch_size=b,
+                         generator=gen)
+    opt_g = torch.optim.Adam(G.parameters(), lr=float(m.lr_g), betas=(float(m.beta1), 0.999))
+    x, y = torch.rand(b, 1, 28, 28, device=dev), torch.randint(0, 10, (b,), device=dev)
+
+    def d_step() -> None:  # GANModule's paired step: fakes generated, real i + fake i clipped together
+        opt_d.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            fake = G(torch.randn(b, int(m.z_dim), device=dev), y)
+        loss = (F.binary_cross_entropy_with_logits(D(x, y), torch.ones(b, device=dev), reduction="sum")
+                + F.binary_cross_entropy_with_logits(D(fake, y), torch.zeros(b, device=dev), reduction="sum"))
+        loss.backward()
+        opt_d.step()
+
+    def g_step() -> None:  # D frozen, its hooks off
+        D.disable_hooks()
+        for p in D.parameters():
+            p.requires_grad_(False)
+        opt_g.zero_grad(set_to_none=True)
+        logits = D(G(torch.randn(b, int(m.z_dim), device=dev), y), y)
+        F.binary_cross_entropy_with_logits(logits, torch.ones(b, device=dev)).backward()
+        opt_g.step()
+        for p in D.parameters():
+            p.requires_grad_(True)
+        D.enable_hooks()
+
+    with peak_memory(env, out):
+        for name, fn in (("d_step_s", d_step), ("g_step_s", g_step)):
+            fn()  # warm-up (kernels, allocator)
+            _sync(env.device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(env.device)
+            out[name] = time.perf_counter() - t0
+    out["run_estimate_h_dpsyn"] = (steps * out["d_step_s"] + steps // d_steps * out["g_step_s"]) / 3600
+    out["run_estimate_h_dpimagebench"] = (DIB_PAPER_STEPS[0] * out["d_step_s"]
+                                          + DIB_PAPER_STEPS[1] * out["g_step_s"]) / 3600
+    if any(p.grad is None for p in G.parameters()):
+        raise CheckFailed(["a generator parameter without gradient"], out)
+    return out
+
+
 def paper_swav_check(env: Env, resolution: int, datasets: tuple[str, ...]) -> dict[str, Any]:
     import torch
 
@@ -819,7 +898,8 @@ def all_checks(env: Env, method_names: list[str]) -> list[Check]:
         Check("ratio/dpsgd_vs_plain", 30.0, lambda: ratio_dpsgd_check(env), needs=("opacus",)),
         Check("ratio/teachers_vmap_vs_loop", 60.0, lambda: ratio_teachers_check(env)),
         Check("ratio/pe_faiss_gpu_vs_cpu", 30.0, lambda: ratio_faiss_check(env), needs=("faiss",)),
-        # last: a timing for planning GPU runs, the check least needed when the 5 minutes run short
+        # last: timings for planning GPU runs, the checks least needed when the 5 minutes run short
+        Check("paper/dp_gan_dib", 30.0, lambda: paper_dp_gan_dib_check(env), needs=("hydra", "omegaconf", "opacus")),
         Check("paper/gs_wgan_1000_critics", 30.0, lambda: paper_gs_wgan_check(env), needs=("hydra", "omegaconf")),
     ]
     return checks

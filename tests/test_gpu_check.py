@@ -53,7 +53,8 @@ def test_cpu_mode_writes_an_entry_for_every_check(tmp_path: Path) -> None:
     checks = {c["name"]: c for c in data["checks"]}
     want = ["deps", *(f"method/{m}" for m in METHODS.names()), "paper/g_pate_mnist", "paper/wu2023_swav_32px",
             "paper/wu2023_swav_128px", "paper/pe_cifar10_histogram", "ratio/dpsgd_vs_plain",
-            "ratio/teachers_vmap_vs_loop", "ratio/pe_faiss_gpu_vs_cpu", "paper/gs_wgan_1000_critics"]
+            "ratio/teachers_vmap_vs_loop", "ratio/pe_faiss_gpu_vs_cpu", "paper/dp_gan_dib",
+            "paper/gs_wgan_1000_critics"]
     assert list(checks) == want
     for name, c in checks.items():
         assert c["status"] in ("passed", "skipped"), (name, c)
@@ -69,6 +70,9 @@ def test_cpu_mode_writes_an_entry_for_every_check(tmp_path: Path) -> None:
     assert checks["method/real"]["measured"]["note"] == "non-private reference"
     assert checks["paper/g_pate_mnist"]["measured"]["paper_teachers"] == 4000
     assert checks["paper/g_pate_mnist"]["measured"]["params_per_teacher"] > 500_000  # the authors' teacher
+    dib = checks["paper/dp_gan_dib"]["measured"]
+    assert (dib["d_steps_dpsyn"], dib["g_steps_dpsyn"], dib["d_steps_dpimagebench"]) == (1950, 390, 2100)
+    assert dib["run_estimate_h_dpimagebench"] == pytest.approx((2100 * dib["d_step_s"] + 420 * dib["g_step_s"]) / 3600)
     gsw = checks["paper/gs_wgan_1000_critics"]["measured"]
     assert (gsw["paper_critics"], gsw["critics_built"], gsw["ndf"], gsw["warm_start_iterations"]) == (1000, 4, 64, 2000)
     assert gsw["warm_start_iteration_s"] > 0 and gsw["iteration_s"] > 0 and gsw["sigma"] > 0

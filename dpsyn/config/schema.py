@@ -56,6 +56,7 @@ CALIBRATIONS = ("classic", "analytic")
 PATE_BOUNDS = ("data_independent", "data_dependent", "renyi_filter")
 GAN_LOSSES = ("bce", "hinge")
 LR_SCHEDULES = ("constant", "cosine")
+DP_GAN_ARCHS = ("dcgan", "dib")
 
 
 class ConfigError(ValueError):
@@ -138,9 +139,14 @@ class DPGANSchema(MethodSchema):
     lr_g: float = f(2.0e-4, **GT0)
     lr_d: float = f(2.0e-4, **GT0)
     beta1: float = f(0.5, **ADAM_BETA)
-    z_dim: int = f(64, **POSITIVE)
-    ngf: int = f(32, **POSITIVE)
-    ndf: int = f(32, **POSITIVE)
+    z_dim: int = f(
+        64, **POSITIVE, help="latent size; arch=dib: a multiple of 3 at 28x28, of 4 at 32x32 (DPImageBench: 60)")
+    arch: str = f(
+        "dcgan", choices=DP_GAN_ARCHS,
+        help="image networks: dcgan (dpsyn.nets.dcgan) | dib (dpsyn.nets.dib: DPImageBench's ResNet G with attention "
+             "and spectral norm, ResNet D with GroupNorm; about 6.65M and 1.18M parameters); tables keep their MLPs")
+    ngf: Optional[int] = f(None, **POSITIVE, help="generator width (null: the arch's, dcgan 32, dib 384)")
+    ndf: Optional[int] = f(None, **POSITIVE, help="discriminator width (null: the arch's, dcgan 32, dib 160)")
     grad_sample_mode: str = f(
         "fused", choices=("fused", "hooks", "functorch"),
         help="per-sample gradients: fused (dpsyn.lit.fused_grad_sample: the paired step of the DCGAN discriminator in"

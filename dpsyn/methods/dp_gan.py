@@ -5,10 +5,11 @@ with Opacus DP-SGD (per-sample clipping, Gaussian noise) under Poisson sampling,
 accountant (RDP by default); the generator is post-processing. The noise multiplier is calibrated once, before
 training, for the exact number of discriminator steps the Trainer will run, so the run spends at most its target.
 
-Images: a conditional DCGAN; labels of the samples are uniform over the classes (a public choice).
-``method.loss`` picks the non-saturating BCE (the default) or the hinge loss (DPImageBench's), and ``method.ema`` > 0
-releases an exponential moving average of G's weights (:class:`~dpsyn.lit.gan.GANModule`); neither changes what
-is clipped, noised or charged.
+Images: a conditional DCGAN (``arch=dcgan``) or DPImageBench's ResNets (``arch=dib``, :mod:`dpsyn.nets.dib`, whose
+discriminator Opacus's hooks differentiate per sample; dpsyn's fused engine covers the DCGAN only); labels of the
+samples are uniform over the classes (a public choice). ``method.loss`` picks the non-saturating BCE (the default) or
+the hinge loss (DPImageBench's), and ``method.ema`` > 0 releases an exponential moving average of G's weights
+(:class:`~dpsyn.lit.gan.GANModule`); neither changes what is clipped, noised or charged.
 Tables (G-PATE's Kaggle protocol, paper 002 Sec. 5): conditional MLPs (``table_g_hidden``/``table_d_hidden``).
 The class proportions are first released with the Laplace mechanism at ``class_ratio_epsilon``
 (:meth:`~dpsyn.methods.base.Method.release_class_proportions`); DP-SGD is calibrated for the remaining
@@ -36,7 +37,9 @@ from torch.utils.data import TensorDataset
 from dpsyn.data.base import Split
 from dpsyn.lit.gan import GANModule, PeriodicCheckpoint
 from dpsyn.methods.base import DPSGD_ACCOUNTING_KEYS, DPSGD_GAN_TUNABLE_KEYS, METHODS, Method, PrivacyBudget, Samples
+from dpsyn.config.schema import DP_GAN_ARCHS
 from dpsyn.nets.dcgan import CondDCGANDiscriminator, CondDCGANGenerator
+from dpsyn.nets.dib import DIB_NDF, DIB_NGF, DIBDiscriminator, DIBGenerator, generator_blocks
 from dpsyn.nets.mlp_gan import CondMLPDiscriminator, CondMLPGenerator
 from dpsyn.lit.dpsgd import ChargeAhead, open_dpsgd_event, private_discriminator_loader
 from dpsyn.privacy import PrivacyLedger
@@ -69,6 +72,49 @@ def _hidden(cfg: Any, key: str) -> tuple[int, ...]:
     return tuple(int(w) for w in value)
 
 
+ARCH_WIDTHS = {"dcgan": (32, 32), "dib": (DIB_NGF, DIB_NDF)}
+"""Each image architecture's (ngf, ndf) where ``method.ngf``/``method.ndf`` are null."""
+
+
+def image_networks(
+    arch: str, *, z_dim: int, num_classes: int, channels: int, resolution: int, ngf: int | None, ndf: int | None
+) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The generator and discriminator of ``arch`` (``method.arch``) for images of shape (channels, res, res).
+
+    Args:
+        arch: ``dcgan`` or ``dib``.
+        z_dim: latent size.
+        num_classes: number of classes.
+        channels: image channels.
+        resolution: image side.
+        ngf: generator width; None: the arch's (:data:`ARCH_WIDTHS`).
+        ndf: discriminator width; None: the arch's.
+
+    Returns:
+        ``(G, D)``.
+
+    Raises:
+        ValueError: an unknown ``arch``, or ``z_dim``/the image shape unsuited to it.
+    """
+    if arch not in ARCH_WIDTHS:
+        raise ValueError(f"method.arch={arch!r}; allowed: {', '.join(DP_GAN_ARCHS)}")
+    ngf = ARCH_WIDTHS[arch][0] if ngf is None else int(ngf)
+    ndf = ARCH_WIDTHS[arch][1] if ndf is None else int(ndf)
+    if arch == "dcgan":
+        G: torch.nn.Module = CondDCGANGenerator(
+            z_dim=z_dim, num_classes=num_classes, channels=channels, resolution=resolution, ngf=ngf)
+        D: torch.nn.Module = CondDCGANDiscriminator(
+            num_classes=num_classes, channels=channels, resolution=resolution, ndf=ndf)
+        return G, D
+    chunks = generator_blocks(resolution) + 1
+    if z_dim % chunks:
+        raise ValueError(f"method.z_dim={z_dim}: arch=dib splits the latent into {chunks} equal chunks at resolution "
+                         f"{resolution} (one for the input, one per block): a multiple of {chunks} (DPImageBench: 60)")
+    G = DIBGenerator(z_dim=z_dim, num_classes=num_classes, channels=channels, resolution=resolution, ngf=ngf)
+    D = DIBDiscriminator(num_classes=num_classes, channels=channels, resolution=resolution, ndf=ndf)
+    return G, D
+
+
 def _class_ratio_epsilon(cfg: Any, budget: PrivacyBudget) -> float:
     value = cfg.get("class_ratio_epsilon") if hasattr(cfg, "get") else getattr(cfg, "class_ratio_epsilon", None)
     bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
@@ -86,7 +132,7 @@ class DPGAN(Method):
 
     # tables: a Laplace release, DP-SGD the rest
     accounting_keys = (*DPSGD_ACCOUNTING_KEYS, "class_ratio_epsilon")
-    tunable_keys = (*DPSGD_GAN_TUNABLE_KEYS, "ngf", "ndf", "d_steps", "loss", "ema", "table_g_hidden",
+    tunable_keys = (*DPSGD_GAN_TUNABLE_KEYS, "arch", "ngf", "ndf", "d_steps", "loss", "ema", "table_g_hidden",
                    "table_d_hidden")
     tiny = ("method=dp_gan", "dataset=breast_cancer", *TABLE_METRICS)
 
@@ -119,7 +165,11 @@ class DPGAN(Method):
         cfg, ctx = self.cfg, self.ctx
         L.seed_everything(ctx.seed, workers=True, verbose=False)
         table = ctx.kind == "table"
+        arch = str(getattr(cfg, "arch", "dcgan"))
         if table:
+            if arch != "dcgan":
+                raise ValueError(f"method.arch={arch}: tables train conditional MLPs (method.table_g_hidden/"
+                                 "table_d_hidden); arch chooses image networks only")
             g_hidden, d_hidden = _hidden(cfg, "table_g_hidden"), _hidden(cfg, "table_d_hidden")
         data = TensorDataset(torch.from_numpy(private.x), torch.from_numpy(private.y))
         n, batch = len(data), int(cfg.batch_size)
@@ -146,13 +196,8 @@ class DPGAN(Method):
             )
             D: Any = CondMLPDiscriminator(num_classes=ctx.num_classes, shape=ctx.shape, hidden=d_hidden)
         else:
-            channels, resolution = ctx.shape[0], ctx.shape[1]
-            G = CondDCGANGenerator(
-                z_dim=cfg.z_dim, num_classes=ctx.num_classes, channels=channels, resolution=resolution, ngf=cfg.ngf
-            )
-            D = CondDCGANDiscriminator(
-                num_classes=ctx.num_classes, channels=channels, resolution=resolution, ndf=cfg.ndf
-            )
+            G, D = image_networks(arch, z_dim=int(cfg.z_dim), num_classes=ctx.num_classes, channels=ctx.shape[0],
+                                  resolution=ctx.shape[1], ngf=getattr(cfg, "ngf", None), ndf=getattr(cfg, "ndf", None))
         trainer_kwargs = dict(ctx.trainer)
         epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
         if world is not None:
