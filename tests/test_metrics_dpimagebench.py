@@ -178,3 +178,26 @@ def test_settings_are_checked_at_compose_time() -> None:
         check(1.0, protocol="g_pate")
     with pytest.raises(ConfigError, match="classifiers"):
         check(1.0, **{"dpimagebench.classifiers": ["small_cnn"]})
+
+
+def test_a_run_holds_the_rows_out_charges_the_selection_and_labels_the_result(make_cfg, tmp_path) -> None:
+    """The whole run (method ``real``, 300 F-MNIST rows): the method sees 300 - 50 rows, the selection is an event of
+    the run's privacy.json, result.json says how acc was selected and that the test split was read once."""
+    import json
+
+    from dpsyn.task import fit_fingerprint, run
+
+    tiny = [f"metrics.dpimagebench.{k}={v}" for k, v in TINY.items() if k != "classifiers"]
+    cfg = make_cfg("method=real", "dataset=fmnist", "dataset.n_private=300", "metrics.names.image=[acc]",
+                   "metrics.n_samples=60", "metrics.protocol=dpimagebench", "metrics.dpimagebench.validation_rows=50",
+                   "metrics.dpimagebench.classifiers=[resnet_110]", "metrics.dpimagebench.selection=noisy_max",
+                   "metrics.dpimagebench.selection_eps=0.5", "privacy.deterministic_noise=true", *tiny)
+    result = run(cfg, tmp_path / "run")
+    assert result["n_private"] == 250 and result["data"]["validation"]["rows"] == 50
+    info = result["metric_info"]["acc"]
+    assert info["protocol"] == "dpimagebench" and info["selection_eps"] == 0.5 and info["n_validation"] == 50
+    assert len(result["metric_info"]["eval_reads"]) == 1
+    events = json.loads((tmp_path / "run" / "privacy.json").read_text())["events"]
+    assert [e["epsilon"] for e in events if "noisy max" in e.get("label", "")] == [0.5]
+    assert fit_fingerprint(cfg, 1e-5)["protocol"] == {"name": "dpimagebench", "validation_rows": 50,
+                                                      "selection_eps": 0.5}
