@@ -99,6 +99,17 @@ FITTED_STATE = Path("checkpoints") / "fitted.pt"
 FITTED_STATE_VERSION = 1
 
 
+def selection_eps(cfg: DictConfig) -> float:
+    """The epsilon a DP selection in the metrics takes out of the run's eps: ``metrics.dpimagebench.selection_eps``
+    with ``metrics.protocol=dpimagebench`` and ``selection=noisy_max``, else 0 (a non-private run: 0 too)."""
+    from dpsyn.metrics import protocol
+
+    m = cfg.metrics
+    if protocol(m) != "dpimagebench" or m.dpimagebench.selection != "noisy_max" or math.isinf(float(cfg.eps)):
+        return 0.0
+    return float(m.dpimagebench.selection_eps)
+
+
 def fit_fingerprint(cfg: DictConfig, delta: float) -> dict[str, Any]:
     """What a fitted state depends on: the method's, dataset's, privacy and trainer settings, eps, delta, seed and
     the public models. The sampling and metric settings are not in it (sampling and scoring are post-processing).
@@ -115,6 +126,10 @@ def fit_fingerprint(cfg: DictConfig, delta: float) -> dict[str, Any]:
         "seed": int(cfg.seed), "privacy": node("privacy"), "trainer": node("trainer"), "public": node("public"),
         # a tuning run fits on the private rows left after the validation split: another fit
         **({"metrics_split": "validation"} if cfg.metrics.get("split") == "validation" else {}),
+        # protocol dpimagebench: the method fits without the validation rows, at eps less the selection's share
+        **({"protocol": {"name": "dpimagebench", "validation_rows": int(cfg.metrics.dpimagebench.validation_rows),
+                         "selection_eps": selection_eps(cfg)}}
+           if cfg.metrics.get("protocol") == "dpimagebench" else {}),
     }, sort_keys=True, default=str))
 
 
@@ -174,6 +189,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from dpsyn.methods import METHODS, PrivacyBudget, RunContext
     from dpsyn.methods.base import run_limits
     from dpsyn.metrics import evaluate, make_monitor
+    from dpsyn.metrics import protocol as metric_protocol
     from dpsyn.trial import is_private_trial, trial_score
     from dpsyn.privacy import PrivacyLedger
     from dpsyn.privacy.journal import JOURNAL_PATH
@@ -200,6 +216,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         data = carve_validation(data, float(cfg.dataset.validation_size), int(cfg.dataset.split_seed))
         log.info("metrics.split=validation: %d private rows held out and scored against; the eval split is not read",
                  len(data.eval))
+    if metric_protocol(cfg.metrics) == "dpimagebench":  # the selection's real rows: held out of what the method sees
+        from dpsyn.data import hold_out_validation
+
+        data = hold_out_validation(data, int(cfg.metrics.dpimagebench.validation_rows), int(cfg.dataset.split_seed))
+        log.info("metrics.protocol=dpimagebench: %d private rows held out for the classifiers' selection",
+                 len(data.validation))
     eps = float(cfg.eps)
     delta = check_delta(cfg.privacy.delta, n_private=len(data.private))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -228,7 +250,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                                                         load_family=family_loader(cfg)),
     )
     method = method_cls(cfg.method, ctx)
-    budget = PrivacyBudget(epsilon=eps, delta=delta)
+    # a DP selection in the metrics (protocol dpimagebench, noisy_max) is paid out of eps: the method gets the rest
+    method_eps = eps - selection_eps(cfg)
+    budget = PrivacyBudget(epsilon=method_eps, delta=delta)
     fingerprint = fit_fingerprint(cfg, delta)
     fitted = load_fitted_state(run_dir / FITTED_STATE, fingerprint)  # a mismatch is refused before any work
     ledger = PrivacyLedger(target_epsilon=eps, delta=delta)
@@ -253,7 +277,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         else:
             t0 = time.perf_counter()
             try:
-                method.fit(data.private, budget, ledger, public=data.public)
+                # a DP selection in the metrics is paid out of eps: methods that stop by the ledger stop short of it
+                with ledger.reserving(selection_eps(cfg)):
+                    method.fit(data.private, budget, ledger, public=data.public)
             finally:
                 ledger.save(run_dir / "privacy.json")  # whatever was spent is on disk, even after a crash
             fit_s = time.perf_counter() - t0
@@ -263,6 +289,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         spent = ledger.epsilon(delta)
         if not method_cls.reference:
             ledger.check_within_budget()  # no result row for a run over its target
+            if method_eps < eps and ledger.epsilon(delta) > method_eps * (1 + 1e-9):
+                from dpsyn.privacy import BudgetExceededError
+
+                raise BudgetExceededError(f"the method spent eps {spent:.6g} > {method_eps:.6g}, the share of eps "
+                                          f"left after metrics.dpimagebench.selection_eps={selection_eps(cfg):g}")
 
         t0 = time.perf_counter()
         samples = method.sample(int(cfg.metrics.n_samples))
@@ -279,8 +310,15 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 title=f"{cfg.method.name} on {cfg.dataset.name}, eps={eps:g} (spent {spent:.3g}{raw})",
             )
         metrics, metric_s, metric_info = evaluate(
-            samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir, seed=int(cfg.seed), load_family=family_loader(cfg)
+            samples, data, cfg.metrics, cache_dir=cfg.paths.cache_dir, seed=int(cfg.seed), load_family=family_loader(cfg),
+            ledger=ledger, deterministic_noise=bool(cfg.privacy.deterministic_noise),
         )
+        if metric_protocol(cfg.metrics) == "dpimagebench" and cfg.metrics.dpimagebench.selection == "noisy_max":
+            # the classifiers' DP selection is in the ledger now
+            ledger.save(run_dir / "privacy.json")
+            spent = ledger.epsilon(delta)
+            if not method_cls.reference:
+                ledger.check_within_budget()
         if private_trial:  # the DP score replaces every metric; its noise is recorded in the ledger
             metrics, metric_info = trial_score(metrics, metric_info, cfg, ledger)
             ledger.save(run_dir / "privacy.json")

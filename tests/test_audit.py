@@ -112,6 +112,7 @@ def _half_noise_doubles() -> dict[str, tuple]:
     import dpsyn.methods.g_pate as g_pate
     import dpsyn.methods.gs_wgan as gs_wgan
     import dpsyn.methods.pe.histogram as pe_histogram
+    import dpsyn.privacy.noisy_max as noisy_max
     import dpsyn.trial as trial
     import dpsyn.privacy as privacy
 
@@ -131,6 +132,7 @@ def _half_noise_doubles() -> dict[str, tuple]:
         "gs_wgan_hidden_state": (gs_wgan, "sanitize", {"sigma": 0.5}),
         "laplace_class_counts": (privacy, "dp_class_counts", {"epsilon": 2.0}),  # half the Laplace scale
         "private_tuning_score": (trial, "noised_count", {"noise_multiplier": 0.5}),
+        "noisy_max_selection": (noisy_max, "laplace_scale", {"epsilon": 2.0}),  # half the Laplace scale
     }
 
 

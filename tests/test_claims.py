@@ -156,7 +156,7 @@ def test_dpimagebench_claims_are_decided_by_runs_at_dpimagebench_settings_only()
     assert {c.a.select["method"] for c in claims.values()} == {"dp_gan", "gs_wgan"}
     for c in (cfg, gsw):
         assert (c.profile, c.experiment_name) == ("dib", "dpimagebench_fmnist")
-        assert (c.dataset.n_private, c.metrics.n_samples) == (55000, 60000)
+        assert (c.dataset.n_private, c.metrics.n_samples, c.metrics.protocol) == (None, 60000, "dpimagebench")
         assert c.privacy.delta == pytest.approx(1 / (55000 * math.log(55000)), rel=1e-4)
     m = cfg.method
     assert (m.batch_size, m.max_grad_norm, m.lr_d, m.lr_g, m.beta1, m.d_steps) == (4096, 0.001, 5e-4, 2e-4, 0.0, 5)

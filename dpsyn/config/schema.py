@@ -57,6 +57,9 @@ PATE_BOUNDS = ("data_independent", "data_dependent", "renyi_filter")
 GAN_LOSSES = ("bce", "hinge")
 LR_SCHEDULES = ("constant", "cosine")
 DP_GAN_ARCHS = ("dcgan", "dib")
+PROTOCOLS = ("dpsyn", "dpimagebench")
+DIB_CLASSIFIERS = ("resnet_110", "wrn_40_4", "resnext_29")
+DIB_SELECTIONS = ("real_val", "noisy_max")
 
 
 class ConfigError(ValueError):
@@ -906,6 +909,50 @@ class ClassifierSchema:
 
 
 @dataclass
+class DPImageBenchSchema:
+    """DPImageBench's downstream protocol (2019ChenGong/DPImageBench @565f8d7, evaluation/evaluator.py and
+    data/dataset_loader.py; their 28x28 settings, the CIFAR ones differ): see :mod:`dpsyn.metrics.dpimagebench`."""
+
+    classifiers: List[str] = f(
+        list(DIB_CLASSIFIERS), nonempty=True, items={"choices": DIB_CLASSIFIERS},
+        help="trained in turn, the mean of their test accuracies reported (theirs: all three)")
+    epochs: int = f(50, **POSITIVE, help="epochs per classifier, each a selection candidate (theirs: 50)")
+    lr: float = f(0.01, **GT0, help="Adam's learning rate (theirs: 0.01)")
+    lr_step: int = f(20, **POSITIVE, help="epochs between learning-rate decays (theirs: StepLR 20)")
+    lr_gamma: float = f(0.2, gt=0, le=1, help="learning-rate decay factor (theirs: 0.2)")
+    batch_size: int = f(256, **POSITIVE, help="theirs: 256")
+    ema_decay: float = f(0.9999, ge=0, lt=1, help="EMA of the weights, the averaged weights scored (theirs: 0.9999)")
+    wrn_dropout: float = f(0.3, ge=0, lt=1, help="WRN-40-4's dropout (theirs: 0.3)")
+    n_train: int = f(55000, **POSITIVE, help="synthetic images trained on, a seeded draw (theirs: 55000)")
+    validation_rows: int = f(
+        5000, **POSITIVE,
+        help="real rows held out of the private split for the selection; the method trains without them (theirs: "
+             "5000 of the 60k F-MNIST/MNIST train images)")
+    selection: str = f(
+        "real_val", choices=DIB_SELECTIONS,
+        help="real_val (theirs: best epoch on the validation rows, not accounted) | noisy_max (report noisy max, "
+             "charged in the ledger at selection_eps)")
+    selection_eps: Optional[float] = f(
+        None, **GT0,
+        help="noisy_max only: the selection's epsilon, split between the classifiers, taken out of eps (the method "
+             "gets eps - selection_eps)")
+    width_divisor: int = f(1, choices=(1, 2, 4, 8, 16), help="divides the networks' widths (1: the papers'; tests)")
+
+    def check(self, node: Any, root: Any = None) -> None:
+        if node.selection == "real_val" and node.selection_eps is not None:
+            raise SchemaError("selection_eps", node.selection_eps, "only with selection=noisy_max (real_val "
+                              "spends nothing: its selection is not accounted)")
+        if node.selection != "noisy_max":
+            return
+        if node.selection_eps is None:
+            raise SchemaError("selection_eps", None, "required with selection=noisy_max: a number > 0, below eps")
+        eps = float(root.get("eps", math.inf)) if root is not None else math.inf
+        if math.isfinite(eps) and not float(node.selection_eps) < eps:
+            raise SchemaError("selection_eps", node.selection_eps, f"must be below eps={eps:g} (the method gets "
+                              "eps - selection_eps)")
+
+
+@dataclass
 class KIDSchema:
     subsets: int = f(100, **POSITIVE)
     subset_size: int = f(1000, **POSITIVE)
@@ -949,6 +996,10 @@ class MetricNamesSchema:
 @dataclass
 class MetricsSchema:
     names: MetricNamesSchema = field(default_factory=MetricNamesSchema)
+    protocol: str = f(
+        "dpsyn", choices=PROTOCOLS,
+        help="how acc is measured: dpsyn (selection on held-out synthetic data) | dpimagebench (their three "
+             "classifiers, selected on real rows held out of the private split; see dpimagebench)")
     # what every metric scores against: eval (the sealed test split) | validation (carved from the private split;
     # tuning runs: the test split is then not read at all)
     split: str = f(
@@ -975,10 +1026,18 @@ class MetricsSchema:
     classifier: ClassifierSchema = field(
         default_factory=ClassifierSchema,
         metadata={"help": "downstream classifier trained on synthetic data, selected on held-out synthetic data"})
+    dpimagebench: DPImageBenchSchema = field(
+        default_factory=DPImageBenchSchema,
+        metadata={"help": "metrics.protocol=dpimagebench: DPImageBench's classifiers, training and selection"})
     tabular: TabularSchema = field(default_factory=TabularSchema)
     mia: MIASchema = field(
         default_factory=MIASchema,
         metadata={"help": "black-box distance attack: private members vs held-out non-members"})
+
+    def check(self, node: Any, root: Any = None) -> None:
+        if node.get("protocol") == "dpimagebench" and node.get("split") == "validation":
+            raise SchemaError("protocol", "dpimagebench", "tuning (metrics.split=validation) scores with protocol "
+                              "dpsyn: dpimagebench holds out validation rows of its own")
 
 
 @dataclass

@@ -17,11 +17,12 @@ from typing import Any
 
 from dpsyn.data import fmnist, real, sklearn_sets  # noqa: F401 - explicit imports register the loaders
 from dpsyn.data import tables  # noqa: F401 - registers kaggle_credit (real tables)
-from dpsyn.data.base import DataBundle, Split, carve_validation
+from dpsyn.data.base import DataBundle, Split, carve_validation, hold_out_validation
 from dpsyn.data.common import DATASETS, cfg_get
 from dpsyn.data.idx import DataFormatError, read_idx
 
-__all__ = ["DATASETS", "DataBundle", "DataFormatError", "Split", "carve_validation", "load_dataset", "read_idx"]
+__all__ = ["DATASETS", "DataBundle", "DataFormatError", "Split", "carve_validation", "hold_out_validation", "load_dataset",
+           "read_idx"]
 
 
 def load_dataset(cfg: Any, *, seed: int, data_dir: str | Path, public: bool = True) -> DataBundle:

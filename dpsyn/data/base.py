@@ -52,6 +52,8 @@ class DataBundle:
         info: provenance (source files, split seed, sizes) recorded in result.json.
         public_classes: class names of ``public``'s labels in label order (public data keeps its own label space,
             e.g. all 10 Fashion-MNIST classes while ``private`` holds 3 re-indexed ones), or None.
+        validation: real rows held out of the private split for a protocol's model selection
+            (:func:`hold_out_validation`; ``metrics.protocol=dpimagebench``), or None. The method never sees them.
     """
 
     name: str
@@ -64,6 +66,7 @@ class DataBundle:
     info: dict = field(default_factory=dict)
     public_classes: list[str] | None = None
     eval_split: str = "eval"  # what ``eval`` holds: the test split, or "validation" (carved from private, tuning)
+    validation: Split | None = None
 
     @property
     def num_classes(self) -> int:
@@ -73,6 +76,63 @@ class DataBundle:
     def shape(self) -> tuple[int, ...]:
         """Shape of one example: (C, H, W) or (D,)."""
         return tuple(self.private.x.shape[1:])
+
+
+def _validation_rows(n: int, size: float, split_seed: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(validation, rest) row positions of a private split of ``n`` rows: ``size`` rows (a fraction when < 1, else
+    a count), drawn with ``split_seed`` (fixed per dataset, not the run seed) in a stream of their own."""
+    k = int(round(size * n)) if size < 1 else int(size)
+    if not 1 <= k < n:
+        raise ValueError(f"{what}={size}: {k} of {n} private rows; needs 1 <= rows < {n}")
+    rng = np.random.default_rng([int(split_seed), 0x7A11D])  # its own stream: not the private/eval split's draws
+    perm = rng.permutation(n)
+    return np.sort(perm[:k]), np.sort(perm[k:])
+
+
+def _take(split: Split, idx: np.ndarray) -> Split:
+    return Split(split.x[idx], split.y[idx], None if split.index is None else split.index[idx])
+
+
+def hold_out_validation(bundle: DataBundle, rows: int, split_seed: int) -> DataBundle:
+    """The bundle with about ``rows`` private rows moved to ``validation``; ``eval`` (the sealed test split) unchanged.
+
+    For a protocol that selects models on real data (``metrics.protocol=dpimagebench``): the method trains on the
+    rest of the private rows, the selection reads only ``validation``, and the evaluation split is read once, at
+    the end. A row's side is a keyed hash of its source id (:attr:`Split.index`, :mod:`dpsyn.data.partitions`)
+    under a key drawn from ``split_seed``, never from the data: row r is held out iff ``H(key, id_r) < rows / n``
+    (n the private rows), so removing or adding a row moves no other row across the cut, which the accounted
+    selection (``selection=noisy_max``, composed after the method's release) relies on. The count is then a
+    binomial around ``rows``; like the private split's size (DP-SGD's sample rate is batch / n, as in Opacus), the
+    sizes of the two sides are treated as public.
+    Disjoint from what the method trains on, from the public split and from the test split.
+
+    Raises:
+        ValueError: ``rows`` not in [1, n), rows without source ids, or the bundle already holds validation rows.
+    """
+    from dpsyn.data.partitions import keyed_hash, partition_key
+
+    if bundle.validation is not None:
+        raise ValueError("the bundle already holds validation rows")
+    n, ids = len(bundle.private), bundle.private.index
+    if not 1 <= int(rows) < n:
+        raise ValueError(f"metrics.dpimagebench.validation_rows={rows}: needs 1 <= rows < {n} private rows")
+    if ids is None:
+        raise ValueError(f"{bundle.name}'s private rows carry no source ids (Split.index): the validation rows are "
+                         "cut by a keyed hash of them")
+    key = partition_key(int(split_seed), "dibval")
+    # H / 2^64 < rows / n, in exact integer arithmetic on the uint64 hashes
+    held = keyed_hash(np.asarray(ids), np.uint64(key)) < np.uint64(int(rows) * (2 ** 64 // n))
+    val, rest = np.flatnonzero(held), np.flatnonzero(~held)
+    if len(val) == 0 or len(rest) == 0:
+        raise ValueError(f"metrics.dpimagebench.validation_rows={rows} of {n}: the keyed cut left one side empty")
+    info = {**bundle.info, "validation": {"rows": int(rows), "of_private": n, "split_seed": int(split_seed),
+                                          "carved_from": "private", "held_out": len(val),
+                                          "cut": "keyed hash of the rows' source ids (a binomial count around rows)",
+                                          "eval_split": "kept (read once, after the selection)"}}
+    return DataBundle(name=bundle.name, kind=bundle.kind, private=_take(bundle.private, rest), eval=bundle.eval,
+                      classes=bundle.classes, family=bundle.family, public=bundle.public, info=info,
+                      public_classes=bundle.public_classes, eval_split=bundle.eval_split,
+                      validation=_take(bundle.private, val))
 
 
 def carve_validation(bundle: DataBundle, size: float, split_seed: int) -> DataBundle:
@@ -85,19 +145,11 @@ def carve_validation(bundle: DataBundle, size: float, split_seed: int) -> DataBu
     Disjoint from the public split and the test split by construction (it is part of the private split).
     """
     n = len(bundle.private)
-    k = int(round(size * n)) if size < 1 else int(size)
-    if not 1 <= k < n:
-        raise ValueError(f"dataset.validation_size={size}: {k} of {n} private rows; needs 1 <= rows < {n}")
-    rng = np.random.default_rng([int(split_seed), 0x7A11D])  # its own stream: not the private/eval split's draws
-    perm = rng.permutation(n)
-    val, rest = np.sort(perm[:k]), np.sort(perm[k:])
-
-    def take(split: Split, idx: np.ndarray) -> Split:
-        return Split(split.x[idx], split.y[idx], None if split.index is None else split.index[idx])
-
+    val, rest = _validation_rows(n, size, split_seed, "dataset.validation_size")
+    k = len(val)
     info = {**bundle.info, "validation": {"rows": k, "of_private": n, "split_seed": int(split_seed),
                                           "carved_from": "private", "eval_split": "dropped (not read by this run)"}}
-    return DataBundle(name=bundle.name, kind=bundle.kind, private=take(bundle.private, rest),
-                      eval=take(bundle.private, val), classes=bundle.classes, family=bundle.family,
+    return DataBundle(name=bundle.name, kind=bundle.kind, private=_take(bundle.private, rest),
+                      eval=_take(bundle.private, val), classes=bundle.classes, family=bundle.family,
                       public=bundle.public, info=info, public_classes=bundle.public_classes,
                       eval_split="validation")

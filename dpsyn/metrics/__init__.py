@@ -170,13 +170,10 @@ def _ndb(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tuple
     return values, {k: info for k in values}
 
 
-@METRICS.register("acc")
-def _acc(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tuple[dict, dict]:
-    """Downstream accuracy (see :mod:`dpsyn.metrics.utility`)."""
+def _acc_dpsyn(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tuple[dict, dict]:
+    """Protocol dpsyn: selection on held-out synthetic data (:func:`dpsyn.metrics.utility.downstream_accuracy`)."""
     from dpsyn.metrics.utility import downstream_accuracy
 
-    if data.kind != "image":
-        return {}, {}
     c = cfg.classifier
     out = downstream_accuracy(
         (samples.x, samples.y),
@@ -196,6 +193,64 @@ def _acc(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tuple
             "n_val_synthetic": out["n_val"], "n_test": out["n_test"], "best_epochs": out["best_epochs"],
             "selection": "held-out synthetic split", "reference": f"{data.name} {data.eval_split} split (sealed, read once)"}
     return values, {"acc": info}
+
+
+def _acc_dpimagebench(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tuple[dict, dict]:
+    """Protocol dpimagebench: their three classifiers, selected on real validation rows held out of the private
+    split (:func:`dpsyn.metrics.dpimagebench.dpimagebench_accuracy`); a noisy-max selection is charged to the
+    run's ledger."""
+    from dpsyn.metrics.dpimagebench import SELECTION_TEXT, dpimagebench_accuracy
+
+    d = cfg.dpimagebench
+    noisy = d.selection == "noisy_max"
+    if noisy and env.get("ledger") is None:
+        raise ValueError("metrics.dpimagebench.selection=noisy_max is a DP release: it needs the run's privacy ledger "
+                         "(evaluate(..., ledger=...))")
+    generator = None
+    if noisy:
+        from dpsyn.privacy import dp_numpy_generator
+
+        generator = dp_numpy_generator(deterministic=bool(env.get("deterministic_noise", False)),
+                                       seed=int(env["seed"]) + 7919)
+    val = data.validation
+    out = dpimagebench_accuracy(
+        (samples.x, samples.y), None if val is None else (val.x, val.y), env["sealed_eval"],
+        num_classes=data.num_classes, classifiers=list(d.classifiers), epochs=int(d.epochs),
+        batch_size=int(d.batch_size), lr=float(d.lr), lr_step=int(d.lr_step), lr_gamma=float(d.lr_gamma),
+        ema_decay=float(d.ema_decay), wrn_dropout=float(d.wrn_dropout), n_train=int(d.n_train), seed=env["seed"],
+        selection=str(d.selection), selection_eps=None if d.selection_eps is None else float(d.selection_eps),
+        ledger=env.get("ledger"), generator=generator, width_divisor=int(d.width_divisor),
+    )
+    values = {"acc": out["acc"], "acc_std": out["acc_std"], **{f"acc_{n}": v for n, v in out["per_classifier"].items()}}
+    info = {"protocol": "dpimagebench", "classifiers": list(d.classifiers), "epochs": int(d.epochs),
+            "n_train": out["n_train"], "n_validation": out["n_validation"], "n_test": out["n_test"],
+            "selected_epochs": out["selected_epochs"], "selection": SELECTION_TEXT[str(d.selection)],
+            "reference": f"{data.name} {data.eval_split} split (sealed, read once, after the selection)"}
+    if noisy:
+        info["selection_eps"] = float(d.selection_eps)
+    else:
+        info["val_accs"] = out["val_accs"]  # already released without DP by this protocol's selection
+    return values, {k: info for k in values}
+
+
+#: metrics.protocol -> how the acc metric measures downstream accuracy
+ACC_PROTOCOLS: dict[str, Callable[..., tuple[dict, dict]]] = {"dpsyn": _acc_dpsyn, "dpimagebench": _acc_dpimagebench}
+
+
+def protocol(cfg: Any) -> str:
+    """The metrics config's evaluation protocol (absent: ``dpsyn``)."""
+    return str(cfg.get("protocol") or "dpsyn") if hasattr(cfg, "get") else "dpsyn"
+
+
+@METRICS.register("acc")
+def _acc(samples: Any, data: DataBundle, cfg: Any, env: dict[str, Any]) -> tuple[dict, dict]:
+    """Downstream accuracy by ``metrics.protocol`` (see :data:`ACC_PROTOCOLS`)."""
+    if data.kind != "image":
+        return {}, {}
+    name = protocol(cfg)
+    if name not in ACC_PROTOCOLS:
+        raise ValueError(f"metrics.protocol={name}: allowed: {', '.join(ACC_PROTOCOLS)}")
+    return ACC_PROTOCOLS[name](samples, data, cfg, env)
 
 
 @METRICS.register("auroc")
@@ -284,8 +339,14 @@ def evaluate(
     cache_dir: str | Path,
     seed: int,
     load_family: Callable[[str], DataBundle],
+    ledger: Any = None,
+    deterministic_noise: bool = False,
 ) -> tuple[dict[str, Any], dict[str, float], dict[str, Any]]:
     """Run every metric configured for the dataset's kind.
+
+    ``ledger`` (the run's :class:`~dpsyn.privacy.PrivacyLedger`) is charged by a metric that makes a DP release
+    (``metrics.protocol=dpimagebench`` with ``selection=noisy_max``); ``deterministic_noise`` is
+    ``privacy.deterministic_noise`` for that release's noise.
 
     Returns:
         (metric values, seconds per metric, per-metric info incl. the sealed split's read log under "eval_reads").
@@ -298,6 +359,7 @@ def evaluate(
     readers = [n for n in names if n in SEALED_READERS]
     env: dict[str, Any] = {
         "cache_dir": cache_dir, "seed": seed, "load_family": load_family, "samples": samples, "feats": {},
+        "ledger": ledger, "deterministic_noise": bool(deterministic_noise),
         "sealed_eval": SealedSplit(data.eval.x, data.eval.y, name=f"{data.name}/{data.eval_split}",
                                    max_reads=max(1, len(readers))),
     }

@@ -17,6 +17,8 @@ Public API (keyword-only arguments, Opacus's names):
 * :mod:`dpsyn.privacy.tuning` — private tuning's cost (Papernot & Steinke 2022, :class:`RepeatAndSelectEvent`).
 * :func:`dp_generator` / :func:`dp_numpy_generator` — generators for DP noise, seeded from OS entropy.
 * :func:`gaussian_mechanism` / :func:`laplace_mechanism` — the only DP noise draws in dpsyn (numpy or torch).
+* :func:`report_noisy_max` / :class:`NoisyMax` — a DP choice among candidates by their counts (Laplace, Claim 3.9
+  of Dwork & Roth), the DPImageBench protocol's accounted classifier selection.
 * :mod:`dpsyn.privacy.audit` (imported on its own) — empirical epsilon lower bounds from a distinguishing test
   (Clopper-Pearson), the harnesses that run each mechanism and the audit's runner, used by
   ``python -m dpsyn.cli.audit``.
@@ -57,6 +59,7 @@ from dpsyn.privacy.ledger import (
     SampledGaussianEvent,
 )
 from dpsyn.privacy.noise import dp_generator, dp_numpy_generator, gaussian_mechanism, laplace_mechanism
+from dpsyn.privacy.noisy_max import NoisyMax, noisy_max_event, report_noisy_max
 from dpsyn.privacy.pate import (
     PATE_BOUNDS,
     PATE_RELEASES,
@@ -97,6 +100,7 @@ __all__ = [
     "BudgetExceededError",
     "CalibratedRelease",
     "GaussianEvent",
+    "NoisyMax",
     "NonPrivateEvent",
     "PATEEvent",
     "PATEPrivacy",
@@ -131,6 +135,7 @@ __all__ = [
     "gnss_rdp",
     "laplace_mechanism",
     "laplace_scale",
+    "noisy_max_event",
     "pate_bound_for_release",
     "pate_data_independent_epsilon",
     "pate_epsilon",
@@ -139,6 +144,7 @@ __all__ = [
     "pate_privacy",
     "pate_smooth_release",
     "rdp_to_epsilon",
+    "report_noisy_max",
     "replace_one_noise_std",
     "smooth_sensitivity",
     "split_budget",

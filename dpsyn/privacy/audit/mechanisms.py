@@ -600,6 +600,27 @@ def _tuning_score(eps: float, delta: float, trials: int, noise: NoiseSource) -> 
     return Scores(out[empty], out[canary], claim(nm), {"noise_multiplier": nm})
 
 
+def _noisy_max(eps: float, delta: float, trials: int, noise: NoiseSource, *, arms: int = ARMS) -> Scores:
+    """Report noisy max (:class:`dpsyn.privacy.NoisyMax`, the DPImageBench protocol's accounted selection) over two
+    candidates, charged as ``ApproxDPEvent(eps, 0)``. Neighbours: a canary validation row that candidate 0 alone
+    gets right, so its count is one more on D1; the released bit is "candidate 0 selected". Arms: candidate 0 behind
+    candidate 1 by several gaps on D0 (the bit's likelihood ratio grows towards e^eps in the tail); ``trials // arms``
+    selections per arm."""
+    from dpsyn.privacy import NoisyMax, noisy_max_event
+
+    claimed = _claimed(noisy_max_event(epsilon=eps, label="audit: one noisy-max selection"), delta=delta)
+    trials = max(trials // arms, 100)
+    gaps = np.round(np.linspace(0.0, 6.0, arms) / eps)
+    gen = noise.numpy()
+    out = np.zeros((2, arms, trials))
+    for side in (0, 1):
+        selector = NoisyMax(epsilon=eps, generator=gen)  # arms x trials selections side by side
+        selector.offer(np.repeat((500.0 - gaps + side)[:, None], trials, axis=1))
+        selector.offer(np.full((arms, trials), 500.0))
+        out[side] = selector.best == 0
+    return Scores(out[0], out[1], claimed, {"scale": 1.0 / eps, "candidates": 2, "gaps": gaps.tolist()})
+
+
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("dpsgd_step", "DP-SGD step (dp_gan, dp_dre: Opacus DPOptimizer), rate 1",
               lambda *a: _dpsgd(*a, empty_batch=False)),
@@ -627,4 +648,6 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               _laplace),
     Mechanism("private_tuning_score", "private tuning's DP score (noised count of correct validation rows)",
               _tuning_score),
+    Mechanism("noisy_max_selection", "report noisy max over classifier epochs (metrics.protocol=dpimagebench)",
+              _noisy_max),
 )}

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -86,6 +87,7 @@ class PrivacyLedger:
         self._carried = 0
         self._unclaimed: set[int] = set()
         self._reusing = False
+        self._reserved = 0.0  # epsilon held back for a release after the method's (reserving)
         for event in events:
             self.add(event)
 
@@ -412,9 +414,40 @@ class PrivacyLedger:
         """
         return writer.accountant_description(self._events)
 
+    def _limit(self) -> float:
+        """The epsilon the releases may reach now: the target less what :meth:`reserving` holds back."""
+        return self._target_epsilon - self._reserved
+
     def _exceeds(self, epsilon: float) -> bool:
-        """Whether ``epsilon`` is beyond the target: the one place with the rounding tolerance (``1 + 1e-9``)."""
-        return epsilon > self._target_epsilon * (1.0 + _BUDGET_RTOL)
+        """Whether ``epsilon`` is beyond the limit (:meth:`_limit`): the one place with the rounding tolerance
+        (``1 + 1e-9``)."""
+        return epsilon > self._limit() * (1.0 + _BUDGET_RTOL)
+
+    @contextlib.contextmanager
+    def reserving(self, epsilon: float) -> Iterator[None]:
+        """Hold ``epsilon`` of the target back while the block runs: :meth:`would_exceed`,
+        :meth:`check_within_budget` and :meth:`renyi_filter` answer for ``target_epsilon - epsilon``.
+
+        For a pure-DP release made after the method's (the noisy-max selection of ``metrics.protocol=dpimagebench``,
+        an :class:`~dpsyn.privacy.ledger.events.ApproxDPEvent` of delta 0): basic composition adds its epsilon to the
+        method's, so a method that stops at the lowered limit leaves exactly ``epsilon`` for it. Methods that
+        calibrate their noise in advance read :class:`~dpsyn.methods.base.PrivacyBudget`'s epsilon (the same
+        share); methods that stop by the ledger (G-PATE's and PATE-GAN's vote checks) read this limit.
+
+        Raises:
+            ValueError: ``epsilon`` negative, not below a finite target, or a reservation already held.
+        """
+        epsilon = float(epsilon)
+        if not (0 <= epsilon and (math.isinf(self._target_epsilon) or epsilon < self._target_epsilon)):
+            raise ValueError(f"reserving eps {epsilon:g} of a target of {self._target_epsilon:g}: needs 0 <= eps < "
+                             "target")
+        if self._reserved:
+            raise ValueError(f"eps {self._reserved:g} is reserved already")
+        self._reserved = 0.0 if math.isinf(self._target_epsilon) else epsilon
+        try:
+            yield
+        finally:
+            self._reserved = 0.0
 
     def epsilon_if(self, event: PrivacyEvent, *, replacing: int | None = None) -> float:
         """The epsilon spent (at the ledger's delta) if ``event`` were recorded too; the ledger is not changed.
@@ -455,7 +488,7 @@ class PrivacyLedger:
             ValueError: On a non-private ledger, or if no order leaves a positive budget.
         """
         return filter.renyi_filter(self._events, restored=[self._events[i] for i in sorted(self._unclaimed)],
-                                   target_epsilon=self._target_epsilon, delta=self._delta,
+                                   target_epsilon=self._limit(), delta=self._delta,
                                    sigma_threshold=sigma_threshold, sigma=sigma)
 
     def would_exceed(self, event: PrivacyEvent, *, replacing: int | None = None) -> bool:
@@ -485,7 +518,8 @@ class PrivacyLedger:
         eps = self.epsilon(self._delta)
         if self._exceeds(eps):
             raise BudgetExceededError(
-                f"privacy budget exceeded: epsilon spent {eps:.6g} > target {self._target_epsilon:.6g} "
+                f"privacy budget exceeded: epsilon spent {eps:.6g} > target {self._target_epsilon:.6g}"
+                + (f" less eps {self._reserved:g} reserved" if self._reserved else "") + " "
                 f"at delta {self._delta:g} ({self.accountant_description()})"
             )
         return eps
