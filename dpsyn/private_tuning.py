@@ -279,6 +279,7 @@ def _log_files_paused() -> Iterator[None]:
 
 def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Run the search (module docstring) and publish the best trial in ``run_dir``; returns its result record."""
+    from dpsyn.results.protocol import protocol_record
     from dpsyn.task import family_loader, git_sha, privacy_record, run, versions
     from dpsyn.data import load_dataset
     from dpsyn.methods import Samples
@@ -390,6 +391,7 @@ def private_search(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "data": data.info,
         "fit_restored": False,
         "metrics_split": data.eval_split,
+        **protocol_record(cfg),
         "tuning": {
             "role": "private",
             "method": "Papernot & Steinke 2022 (random search, random number of trials, best trial released)",

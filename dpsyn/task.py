@@ -194,6 +194,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from dpsyn.privacy import PrivacyLedger
     from dpsyn.privacy.journal import JOURNAL_PATH
     from dpsyn.results.grid import save_sample_grid
+    from dpsyn.results.protocol import protocol_record
     from dpsyn.results.io import atomic_save_npz, atomic_write_json, atomic_write_text
 
     from dpsyn.console import settle_library_handlers
@@ -362,6 +363,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "data": data.info,
             "fit_restored": fitted is not None,
             "metrics_split": data.eval_split,
+            **protocol_record(cfg),  # what measured the metrics: claims and tables never mix two
             **({"tuning": tuning} if tuning else {}),
             "timings": {"fit_s": fit_s, "sample_s": sample_s, **{f"metric_{k}_s": v for k, v in metric_s.items()}},
             **code,  # git_sha, git_dirty: at the start of this process (a resumed run: of the resume)
@@ -432,9 +434,10 @@ def reuse_eps_free_result(cfg: DictConfig, run_dir: Path, sweep_dir: Path, overr
     A sweep over eps runs ``public_uniform`` (reads no private data) and the references (``real``,
     ``icgan_nonprivate``) once per eps although their output is the same at every eps. With ``skip_existing=true``
     a cell of such a method (``Method.output_depends_on_eps() is False``) whose twin — same method, dataset and
-    seed, the same command-line overrides but eps — is finished under ``sweep_dir`` gets the twin's outputs
-    (samples linked, ledger copied) and a result.json with this cell's eps, ``reused_from`` naming the twin. A twin
-    whose ledger exceeds this cell's target (possible only for a non-reference method) is not reused.
+    seed, the same command-line overrides but eps, scored under the same protocol — is finished under ``sweep_dir``
+    gets the twin's outputs (samples linked, ledger copied) and a result.json with this cell's eps, ``reused_from``
+    naming the twin. A twin whose ledger exceeds this cell's target (possible only for a non-reference method) is not
+    reused.
 
     Returns:
         the result written, or None when the method depends on eps or no twin is finished (then the cell runs).
@@ -444,12 +447,14 @@ def reuse_eps_free_result(cfg: DictConfig, run_dir: Path, sweep_dir: Path, overr
 
     from dpsyn.methods import METHODS
     from dpsyn.results.io import atomic_write_json, atomic_write_text
+    from dpsyn.results.protocol import protocol_id
 
     method_cls = METHODS.get(cfg.method.name)
     if method_cls.output_depends_on_eps():
         return None
     t0 = time.perf_counter()
     eps, key = float(cfg.eps), _without_eps(overrides)
+    protocol = protocol_id(cfg)
     for path in sorted(Path(sweep_dir).rglob("result.json")):
         if path.parent.resolve() == run_dir.resolve():
             continue
@@ -461,6 +466,8 @@ def reuse_eps_free_result(cfg: DictConfig, run_dir: Path, sweep_dir: Path, overr
                                                                            int(cfg.seed)):
             continue
         if _without_eps(list(twin.get("overrides") or [])) != key:
+            continue
+        if twin.get("protocol") != protocol:  # scored another way (code defaults moved since): scored again
             continue
         if not twin.get("non_private_reference") and not float(twin.get("epsilon_spent", math.inf)) <= eps:
             continue

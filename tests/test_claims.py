@@ -89,6 +89,28 @@ def test_selectors_match_overrides_profiles_and_one_value_per_seed() -> None:
     assert cl.side_values(flag, cl.Side({"method.conditional": True}), "acc", ("quick",)) == []
 
 
+def test_a_claim_across_protocols_is_refused_not_judged() -> None:
+    old, new = "dpsyn:small_cnn,x1,5ep,constant,n9000", "dpimagebench:resnet_110+wrn_40_4+resnext_29,50ep,n10000,real_val5000"
+
+    def runs(method: str, values: list[float], protocols: list[str]) -> list[dict]:
+        return [{**_rec(method, s, v), "protocol": p} for s, (v, p) in enumerate(zip(values, protocols))]
+
+    a, b = [0.60, 0.62, 0.61], [0.30, 0.31, 0.33]
+    same = cl.evaluate(_claim("greater"), runs("a", a, [old] * 3) + runs("b", b, [old] * 3))
+    assert same.verdict == "holds" and same.protocol == old and same.to_dict()["protocol"] == old
+    across = cl.evaluate(_claim("greater"), runs("a", a, [old] * 3) + runs("b", b, [new] * 3))
+    assert across.verdict == "refused" and across.reason == f"mixed protocols: {old} (a) vs {new} (b)"
+    assert math.isnan(across.ci[0]) and across.protocol is None
+    within = cl.evaluate(_claim("greater", b=cl.Side({}, value=0.1)), runs("a", a, [old, old, new]))
+    assert within.verdict == "refused" and within.reason.startswith("mixed protocols within a:")
+    # a run kept before protocol ids is no match for one with an id
+    legacy = cl.evaluate(_claim("greater"), runs("a", a, [old] * 3) + runs("b", b, [""] * 3))
+    assert legacy.verdict == "refused" and "(none recorded)" in legacy.reason
+    md = cl.render_markdown([same, across])
+    assert "**refused** (mixed protocols: " in md and "1 hold, 0 fail, 0 inconclusive, 1 refused" in md
+    assert f"one evaluation protocol: `{old}` (1)" in md
+
+
 def test_malformed_claims_name_the_claim(tmp_path: Path) -> None:
     p = tmp_path / "claims.yaml"
     p.write_text("claims:\n  - {id: x1, wording: w, source: s, metric: acc, claim: within, a: {method: a}, b: {value: 1}}\n")

@@ -249,3 +249,21 @@ def test_select_with_a_list_matches_any_of_its_values(tmp_path: Path) -> None:
     plain = tables.TableSpec(name="t", title="t", experiment="e", select={"dataset": "digits"}, rows="method",
                              columns="eps", metrics=spec.metrics)
     assert [r["dataset"] for r in tables.select_runs(tables.scan_results(tmp_path), plain)] == ["digits"]
+
+
+def test_a_cell_never_averages_two_protocols(spec: tables.TableSpec) -> None:
+    """Runs of one cell scored two ways: the main protocol's fill it, the other's get a marked row of their own."""
+    old, new = "dpsyn:small_cnn,x1,5ep,constant,n9000", "dpsyn:wrn_40_4,x5,5ep,constant,n9000"
+    runs = [{"method": "dp_gan", "dataset": "fmnist", "eps": 1.0, "seed": s, "protocol": p, "metrics": {"acc": v}}
+            for s, p, v in ((0, old, 0.5), (1, old, 0.6), (2, new, 0.9))]
+    acc = spec.metrics[0]
+    cells = tables.build_cells(runs, spec, acc)
+    assert cells[("dp_gan", 1.0)] == tables.Cell(pytest.approx(55.0), pytest.approx(math.sqrt(50)), 2, old)
+    assert cells[(f"dp_gan [{new}]", 1.0)].mean == pytest.approx(90.0) and cells[(f"dp_gan [{new}]", 1.0)].n == 1
+    header, body, notes = tables.table_rows(spec, acc, cells)
+    assert f"evaluation protocol: `{old}`; rows marked [...] were measured under another protocol" in notes[1]
+    assert {r[0] for r in body} >= {"dp_gan", f"dp_gan [{new}]"}
+    assert tables.render_csv(spec, acc, cells).splitlines()[0].endswith(",protocol")
+    # one protocol: named under the table, no marked rows
+    one = tables.build_cells(runs[:2], spec, acc)
+    assert list(one) == [("dp_gan", 1.0)] and tables.table_rows(spec, acc, one)[2][1] == f"evaluation protocol: `{old}`"

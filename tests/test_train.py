@@ -17,6 +17,7 @@ from dpsyn.task import run
 from dpsyn.paths import REPO_DIR
 from dpsyn.privacy import BudgetExceededError, PrivacyLedger
 from dpsyn.results.io import read_json
+from dpsyn.results.protocol import protocol_id
 from tests.tiny import IMAGE_METRICS
 
 
@@ -39,6 +40,10 @@ def test_dp_gan_run_spends_at_most_its_target(make_cfg, tmp_path: Path) -> None:
     assert result["metrics"]["fd_fmnist"] > 0
     assert 0 <= result["metrics"]["acc"] <= 1
     assert result["non_private_reference"] is False
+    # what measured acc: the id names the classifier and its training count, the one the classifier really had
+    assert on_disk["protocol"] == protocol_id(cfg) and on_disk["protocol_name"] == "dpsyn"
+    n_train = result["metric_info"]["acc"]["n_train"]
+    assert on_disk["protocol"] == f"dpsyn:cnn_bn,x1,1ep,cosine,n{n_train}" and n_train == 540  # trainer=debug: 600, 1 epoch
     ledger = PrivacyLedger.load(tmp_path / "run" / "privacy.json")
     assert ledger.epsilon(1e-5) == pytest.approx(result["epsilon_spent"])
     samples = np.load(tmp_path / "run" / "samples.npz")
@@ -130,9 +135,9 @@ def test_eps_free_cell_reuses_its_twin_at_another_eps(make_cfg, tmp_path: Path) 
     assert not METHODS.get("public_uniform").output_depends_on_eps()
     assert METHODS.get("dp_mge").output_depends_on_eps() and METHODS.get("dp_gan").output_depends_on_eps()
     sweep = tmp_path / "sweep"
-    twin = _twin(sweep, "real", "inf", ["method=real", "eps=inf", "metrics.n_samples=10"])
-    cell = sweep / "real" / "fmnist" / "eps1" / "seed0"
     cfg = make_cfg("method=real", "eps=1", "metrics.n_samples=10")
+    twin = _twin(sweep, "real", "inf", ["method=real", "eps=inf", "metrics.n_samples=10"], protocol=protocol_id(cfg))
+    cell = sweep / "real" / "fmnist" / "eps1" / "seed0"
     result = reuse_eps_free_result(cfg, cell, sweep, ["method=real", "eps=1", "metrics.n_samples=10",
                                                       "skip_existing=true"])
     assert result is not None and result["eps"] == 1.0 and result["reused_from"] == str(twin)
@@ -151,6 +156,8 @@ def test_no_reuse_across_other_overrides_budgets_or_eps_dependent_methods(make_c
 
     sweep = tmp_path / "sweep"
     _twin(sweep, "real", "inf", ["method=real", "eps=inf", "metrics.n_samples=10"])
+    # the same overrides, scored under another protocol (the code's defaults moved since): scored again, not reused
+    _twin(sweep, "real", "10", ["method=real", "eps=10"], protocol="dpsyn:wrn_40_4,x5,5ep,constant,n9000")
     _twin(sweep, "public_uniform", "inf", ["method=public_uniform", "eps=inf"], spent=2.0)
     _twin(sweep, "dp_gan", "10", ["method=dp_gan", "eps=10"], spent=0.5)
     cell = tmp_path / "new"

@@ -6,6 +6,8 @@ cell whose ``result.json`` exists is not trained again; a failing cell is report
 ``build``: only rebuild tables and plots from the runs on disk, or with ``--from experiments/`` from the results kept
 in the repo (``experiments/<paper>/results.csv``), without any run.
 ``export``: write the finished runs' metrics into ``experiments/<paper>/results.csv`` (a re-run cell replaces its rows).
+``protocols``: give the kept rows written before protocol ids the evaluation protocol of their run
+(:func:`dpsyn.results.protocol.backfill`; rows that have one are left alone).
 ``claims``: evaluate ``experiments/<paper>/claims.yaml`` over seeds (from the runs or ``--from experiments/``), print
 one verdict per claim with its interval, write ``claims.{md,json}``.
 ``readme``: rewrite the generated blocks (``<!-- dpsyn:... -->``) of README.md and docs/ from ``--from experiments/``, the
@@ -356,6 +358,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--as", dest="as_cells", metavar="EXPERIMENT:PROFILE", default=None,
                    help="keep single runs (train.py without experiment=) as the cells of EXPERIMENT's PROFILE they "
                    "reproduce; each run's config.yaml is checked against the cell's, and any difference refuses it")
+    p = sub.add_parser("protocols", help="fill the protocol column of experiments/*/results.csv where it is empty, "
+                       "composing each run's config (rows written before protocol ids)")
+    p.add_argument("--to", type=Path, default=EXPERIMENTS_DIR)
     p = sub.add_parser("claims", help="evaluate experiments/*/claims.yaml over seeds")
     p.add_argument("--from", dest="source", type=Path, default=None,
                    help="evaluate from the results kept in the repo (experiments/) instead of the runs")
@@ -395,6 +400,15 @@ def main(argv: list[str] | None = None) -> None:
                 raise SystemExit(f"--as {args.as_cells}: {e}") from None
         for path, n in export.export(results, args.to).items():
             print(f"{path}: {n} runs written ({len(export.read_rows(path))} rows in all)")
+        return
+    if args.cmd == "protocols":
+        from dpsyn.results.protocol import backfill
+
+        done = backfill(args.to)
+        for path, counts in done.items():
+            print(f"{path}: " + ", ".join(f"{n} rows {pid}" for pid, n in sorted(counts.items())))
+        if not done:
+            print(f"every row under {args.to} has its protocol")
         return
     if args.cmd == "claims":
         verdicts = evaluate_claims(load_kept(args.source))

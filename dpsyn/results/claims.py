@@ -12,6 +12,13 @@ side (inside ``[-margin, margin]`` for ``within``), ``fails`` when the whole int
 (outside it), ``inconclusive`` otherwise, and whenever a side has fewer than 2 seeds (no interval) or no runs.
 Each claim is tested at 95% on its own (no correction over claims: with 20 claims, one spurious verdict is expected).
 
+A claim compares cells of one evaluation protocol only (:mod:`dpsyn.results.protocol`): when the runs it reads (both
+sides, every seed) carry more than one protocol id, the verdict is ``refused``, its reason naming the ids, and it
+counts as neither holding nor failing. A verdict rather than an error: the other claims are still judged, and the
+claims table shows which comparison needs a rerun. Profiles are mixed only as the claim's ``profiles`` list allows (a
+seed is read from the first of them that has it; ``quick`` is the embedded profile's settings on fewer cells); the
+protocol check holds across them too.
+
 Why Welch and not a bootstrap: with 3 seeds a side, a percentile bootstrap has only 10 distinct resampled means per
 side and its interval is too narrow; the t interval is the honest one at that n (``tests/test_claims.py`` checks it
 against scipy's ``ttest_ind(equal_var=False)``).
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("less", "greater", "within")
+VERDICTS = ("holds", "fails", "inconclusive", "refused")
 COORDS = ("experiment", "method", "dataset", "eps")
 DEFAULT_PROFILES = ("embedded", "quick")
 
@@ -75,6 +83,7 @@ class Verdict:
     diff: float = math.nan
     ci: tuple[float, float] = (math.nan, math.nan)
     df: float = math.nan
+    protocol: str | None = None  # the one protocol id of the runs compared (None: no runs, or refused)
 
     def to_dict(self) -> dict[str, Any]:
         c = self.claim
@@ -96,7 +105,7 @@ class Verdict:
             "ci95": None if math.isnan(self.ci[0]) else list(self.ci),
             "df": None if math.isnan(self.df) else self.df,
             "test": "welch t (95%)" if c.b.value is None else "one-sample t (95%)",
-            "verdict": self.verdict, "reason": self.reason,
+            "protocol": self.protocol, "verdict": self.verdict, "reason": self.reason,
         }
 
 
@@ -187,9 +196,11 @@ def matches(rec: dict[str, Any], select: dict[str, Any]) -> bool:
     return True
 
 
-def side_values(records: Iterable[dict[str, Any]], side: Side, metric: str, profiles: Sequence[str]) -> list[float]:
-    """One value per seed (a seed found in several profiles: the first profile in ``profiles``)."""
-    by_seed: dict[Any, tuple[int, float]] = {}
+def side_runs(records: Iterable[dict[str, Any]], side: Side, metric: str,
+              profiles: Sequence[str]) -> list[tuple[float, str]]:
+    """(value, protocol id) per seed, in seed order (a seed found in several profiles: the first profile in
+    ``profiles``); the protocol is "" for a run written before protocol ids."""
+    by_seed: dict[Any, tuple[int, float, str]] = {}
     for r in records:
         prof = r.get("profile")
         if prof not in profiles or not matches(r, side.select):
@@ -200,8 +211,27 @@ def side_values(records: Iterable[dict[str, Any]], side: Side, metric: str, prof
         rank = profiles.index(prof)
         seed = r.get("seed")
         if seed not in by_seed or rank < by_seed[seed][0]:
-            by_seed[seed] = (rank, float(v))
-    return [v for _, (_, v) in sorted(by_seed.items(), key=lambda kv: str(kv[0]))]
+            by_seed[seed] = (rank, float(v), str(r.get("protocol") or ""))
+    return [(v, p) for _, (_, v, p) in sorted(by_seed.items(), key=lambda kv: str(kv[0]))]
+
+
+def side_values(records: Iterable[dict[str, Any]], side: Side, metric: str, profiles: Sequence[str]) -> list[float]:
+    """One value per seed (a seed found in several profiles: the first profile in ``profiles``)."""
+    return [v for v, _ in side_runs(records, side, metric, profiles)]
+
+
+def _ids(protocols: Iterable[str]) -> str:
+    return ", ".join(p or "(none recorded)" for p in sorted(set(protocols)))
+
+
+def mixed_protocols(a: Sequence[str], b: Sequence[str]) -> str | None:
+    """Why runs of protocols ``a`` (side a's seeds) and ``b`` (side b's) cannot be compared; None when they share one."""
+    if len(set(a) | set(b)) < 2:
+        return None
+    for name, side in (("a", a), ("b", b)):
+        if len(set(side)) > 1:
+            return f"mixed protocols within {name}: {_ids(side)}"
+    return f"mixed protocols: {_ids(a)} (a) vs {_ids(b)} (b)"
 
 
 def welch_interval(a: Sequence[float], b: Sequence[float] | float, level: float = 0.95) -> tuple[float, float, float, float]:
@@ -225,14 +255,20 @@ def welch_interval(a: Sequence[float], b: Sequence[float] | float, level: float 
 
 
 def evaluate(claim: Claim, records: Sequence[dict[str, Any]]) -> Verdict:
-    a = side_values(records, claim.a, claim.a.metric or claim.metric, claim.profiles)
-    b: list[float] = [] if claim.b.value is not None else side_values(
+    runs_a = side_runs(records, claim.a, claim.a.metric or claim.metric, claim.profiles)
+    runs_b = [] if claim.b.value is not None else side_runs(
         records, claim.b, claim.b.metric or claim.metric, claim.profiles)
+    a, b = [x for x, _ in runs_a], [x for x, _ in runs_b]
     v = Verdict(claim, "inconclusive", "", a, b)
     missing = [name for name, vals, s in (("a", a, claim.a), ("b", b, claim.b)) if s.value is None and not vals]
     if missing:
         v.reason = f"no runs for {' and '.join(missing)}"
         return v
+    refused = mixed_protocols([p for _, p in runs_a], [p for _, p in runs_b])
+    if refused:
+        v.verdict, v.reason = "refused", refused
+        return v
+    v.protocol = runs_a[0][1]
     v.diff = statistics.fmean(a) - (claim.b.value if claim.b.value is not None else statistics.fmean(b))
     if len(a) < 2 or (claim.b.value is None and len(b) < 2):
         v.reason = "fewer than 2 seeds: no interval"
@@ -291,12 +327,21 @@ def render_markdown(verdicts: Sequence[Verdict]) -> str:
         compared = f"`{c.a.label()}` {sym[c.kind]} `{c.b.label()}`{margin} on {c.metric}"
         ci = "—" if d["ci95"] is None else f"[{_fmt(d['ci95'][0])}, {_fmt(d['ci95'][1])}]"
         diff = _fmt(d["diff"])
-        verdict = f"**{v.verdict}**" + ("" if v.verdict != "inconclusive" else f" ({v.reason})")
+        verdict = f"**{v.verdict}**" + ("" if v.verdict not in ("inconclusive", "refused") else f" ({v.reason})")
         wording = c.wording.replace("|", "/") + (f" ({c.source})" if c.source else "")
         if c.note:
             wording += f". *{c.note.replace('|', '/')}*"
         out.append(f"| {c.paper} | {wording} | {compared} | {cell(d['a'])} | {cell(d['b'])} | {diff} {ci} | {verdict} |")
-    counts = {k: sum(v.verdict == k for v in verdicts) for k in ("holds", "fails", "inconclusive")}
+    counts = {k: sum(v.verdict == k for v in verdicts) for k in VERDICTS}
+    refused = f", {counts['refused']} refused (mixed protocols)" if counts["refused"] else ""
     out += ["", f"{len(verdicts)} claims: {counts['holds']} hold, {counts['fails']} fail, {counts['inconclusive']} "
-            "inconclusive. Interval: Welch t (one-sample t against a number), 95%, over seeds; each claim on its own."]
+            f"inconclusive{refused}. Interval: Welch t (one-sample t against a number), 95%, over seeds; each claim on "
+            "its own."]
+    used: dict[str, int] = {}
+    for v in verdicts:
+        if v.protocol is not None:
+            used[v.protocol or "(none recorded)"] = used.get(v.protocol or "(none recorded)", 0) + 1
+    if used:
+        out.append("Each claim compares cells of one evaluation protocol: "
+                   + ", ".join(f"`{p}` ({n})" for p, n in sorted(used.items())) + ".")
     return "\n".join(out) + "\n"

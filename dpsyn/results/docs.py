@@ -70,16 +70,19 @@ def headline_cell(records: list[dict[str, Any]], sel: dict[str, Any] | None) -> 
     """``mean [95% CI] (n)`` of the headline cell's metric over seeds, with where it comes from."""
     if not sel:
         return "no kept cell"
-    from dpsyn.results.claims import DEFAULT_PROFILES, Side, side_values
-    from dpsyn.results.claims import welch_interval
+    from dpsyn.results.claims import DEFAULT_PROFILES, Side, mixed_protocols, side_runs, welch_interval
 
     sel = dict(sel)
     metric = sel.pop("metric")
     profiles = tuple(sel.pop("profiles", DEFAULT_PROFILES))
-    values = side_values(records, Side(sel), metric, profiles)
+    runs = side_runs(records, Side(sel), metric, profiles)
+    values = [v for v, _ in runs]
     where = f"{metric}, {sel.get('dataset')}" + (f" eps={_num(sel['eps'])}" if "eps" in sel else "")
     if not values:
         return f"not run yet ({where})"
+    refused = mixed_protocols([p for _, p in runs], [])
+    if refused:  # seeds scored two ways are not one number
+        return f"{refused} ({where})"
     mean = statistics.fmean(values)
     if len(values) < 2:
         return f"{mean:.3g} (n=1; {where})"
@@ -110,7 +113,9 @@ def claim_counts(verdicts: list[Any]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for v in verdicts:
         c = out.setdefault(v.claim.paper, {"holds": 0, "fails": 0, "inconclusive": 0})
-        c[v.verdict] = c.get(v.verdict, 0) + 1
+        # open: undecided, for want of seeds (inconclusive) or of one protocol on both sides (refused)
+        verdict = "inconclusive" if v.verdict == "refused" else v.verdict
+        c[verdict] = c.get(verdict, 0) + 1
     return out
 
 

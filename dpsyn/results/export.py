@@ -2,7 +2,8 @@
 
 ``outputs/`` does not survive a new machine; these files do. One row per (run, metric): the run's coordinates
 (experiment, profile, method, dataset, eps, seed), a hash of the overrides that are not coordinates (so that variant
-runs, ``method.conditional=true`` or ``f0=0.05``, never collide with the plain cell), the metric and its value, what
+runs, ``method.conditional=true`` or ``f0=0.05``, never collide with the plain cell), the run's evaluation protocol
+(:func:`dpsyn.results.protocol.protocol_id`: claims and tables never mix two), the metric and its value, what
 was spent under which accountant (with the PATE bound and the sampling scheme), the code's git sha, the date the run
 finished and its wall time. No samples. ``fields`` keeps, as JSON, the result fields the table specs group by
 (``sample_provenance.variant``, ``sample_provenance.owners``...), so that every table can be rebuilt from these rows
@@ -29,8 +30,10 @@ from typing import Any
 from dpsyn.results.io import atomic_write_text
 
 RESULTS_FILE = "results.csv"
-COLUMNS = ("experiment", "profile", "method", "dataset", "eps", "seed", "overrides_hash", "overrides", "metric",
-           "value", "epsilon_spent", "accountant", "git_sha", "date", "run_s", "fields")
+COLUMNS = ("experiment", "profile", "method", "dataset", "eps", "seed", "overrides_hash", "overrides", "protocol",
+           "metric", "value", "epsilon_spent", "accountant", "git_sha", "date", "run_s", "fields")
+# a file written before protocol ids lacks only this column: read with it empty (dpsyn.results.protocol.backfill)
+_ADDED_COLUMNS = ("protocol",)
 RUN_KEY = ("experiment", "profile", "method", "dataset", "eps", "seed", "overrides_hash")
 # Overrides that are coordinates (own columns) or that do not change what a run computes (where it writes, how it
 # logs, whether a finished cell is skipped): left out of the hash.
@@ -125,6 +128,7 @@ def rows_of(rec: dict[str, Any], fields: Iterable[str] = ()) -> list[dict[str, s
         "seed": str(rec.get("seed", "")),
         "overrides_hash": overrides_hash(overrides),
         "overrides": " ".join(kept_overrides(overrides)),
+        "protocol": str(rec.get("protocol") or ""),
         "epsilon_spent": _num(rec.get("epsilon_spent")),
         "accountant": str(rec.get("accountant") or ""),
         "git_sha": str(rec.get("git_sha") or ""),
@@ -144,8 +148,8 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     if not path.is_file():
         return []
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    missing = set(COLUMNS) - set(rows[0] if rows else COLUMNS)
+        rows = [{**dict.fromkeys(_ADDED_COLUMNS, ""), **r} for r in csv.DictReader(f)]
+    missing = set(COLUMNS) - set(rows[0] if rows else COLUMNS) - set(_ADDED_COLUMNS)
     if missing:
         raise ValueError(f"{path}: not a dpsyn results file (missing columns: {', '.join(sorted(missing))})")
     return rows
@@ -219,7 +223,8 @@ def load_records(experiments_dir: Path) -> list[dict[str, Any]]:
                     "dataset": row["dataset"], "eps": _value(row["eps"]),
                     "seed": int(seed) if isinstance(seed, float) else seed,
                     "overrides": row["overrides"].split() if row["overrides"] else [],
-                    "overrides_hash": row["overrides_hash"], "epsilon_spent": _value(row["epsilon_spent"]),
+                    "overrides_hash": row["overrides_hash"], "protocol": row["protocol"],
+                    "epsilon_spent": _value(row["epsilon_spent"]),
                     "accountant": row["accountant"], "git_sha": row["git_sha"], "date": row["date"],
                     "timings": {"total_s": _value(row["run_s"])} if row["run_s"] else {},
                     "fields": json.loads(row["fields"]) if row["fields"] else {},

@@ -3,6 +3,10 @@
 No torch import here (tables are rebuilt on machines without a GPU stack). A table spec
 (``experiments/<paper>/<table>.yaml``) says which runs fill which cells (``select``, ``rows``, ``columns``), which
 metrics to show and in which direction they improve, and the published numbers to print beside ours.
+
+A cell never averages runs of two evaluation protocols (:mod:`dpsyn.results.protocol`): the table's main protocol
+(the one of most runs) keeps the row labels, a run of another gets a row of its own, ``<row> [<protocol id>]``, and
+the notes under the table name the protocols.
 """
 
 from __future__ import annotations
@@ -62,11 +66,13 @@ class TableSpec:
 
 @dataclass(frozen=True)
 class Cell:
-    """Mean, standard deviation (over seeds, n-1) and number of runs of one metric in one cell."""
+    """Mean, standard deviation (over seeds, n-1) and number of runs of one metric in one cell, and the evaluation
+    protocol of those runs ("" for runs written before protocol ids)."""
 
     mean: float
     std: float
     n: int
+    protocol: str = ""
 
 
 def _key(v: Any) -> Any:
@@ -166,18 +172,45 @@ def select_runs(results: Iterable[dict[str, Any]], spec: TableSpec) -> list[dict
     return [r for r in results if all(match(r, k, v) for k, v in spec.select.items())]
 
 
+def main_protocol(protocols: Iterable[str]) -> str:
+    """The protocol of most runs (ties: the first in sorted order); "" for none."""
+    counts: dict[str, int] = defaultdict(int)
+    for p in protocols:
+        counts[p] += 1
+    return min(counts, key=lambda p: (-counts[p], p)) if counts else ""
+
+
 def build_cells(results: Iterable[dict[str, Any]], spec: TableSpec, metric: MetricSpec) -> dict[tuple[Any, Any], Cell]:
-    """Group ``results`` by (row, column) and aggregate ``metric`` (scaled) over the runs (seeds) of each cell."""
-    groups: dict[tuple[Any, Any], list[float]] = defaultdict(list)
+    """Group ``results`` by (row, column) and aggregate ``metric`` (scaled) over the runs (seeds) of each cell.
+
+    Runs of one (row, column) under two protocols are never averaged: those of the main protocol
+    (:func:`main_protocol`) fill the cell, the others the row ``<row> [<protocol>]``."""
+    groups: dict[tuple[Any, Any, str], list[float]] = defaultdict(list)
     for r in select_runs(results, spec):
         value = _field(r, metric.name)
         if value is None or not isinstance(value, (int, float)) or math.isnan(value):
             continue
-        groups[(str(_field(r, spec.rows)), _key(_field(r, spec.columns)))].append(float(value) * metric.scale)
+        key = (str(_field(r, spec.rows)), _key(_field(r, spec.columns)), str(r.get("protocol") or ""))
+        groups[key].append(float(value) * metric.scale)
+    main = main_protocol(p for (_, _, p), v in groups.items() for _ in v)
     return {
-        k: Cell(statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else float("nan"), len(v))
-        for k, v in groups.items()
+        (row if p == main else f"{row} [{p or 'no protocol recorded'}]", col):
+            Cell(statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else float("nan"), len(v), p)
+        for (row, col, p), v in groups.items()
     }
+
+
+def protocol_note(cells: dict[tuple[Any, Any], Cell]) -> str | None:
+    """The notes' line that names the cells' evaluation protocols (None for a table without cells)."""
+    protocols = sorted({c.protocol for c in cells.values()})
+    if not protocols:
+        return None
+    main = main_protocol(c.protocol for c in cells.values() for _ in range(c.n))
+    name = f"`{main}`" if main else "not recorded (runs before protocol ids)"
+    if len(protocols) == 1:
+        return f"evaluation protocol: {name}"
+    return (f"evaluation protocol: {name}; rows marked [...] were measured under another protocol and are not "
+            "averaged with it")
 
 
 def _sort_cols(cols: Iterable[Any]) -> list[Any]:
@@ -231,6 +264,9 @@ def table_rows(
     notes = [f"[{i + 1}] {p.source}" + (f" — {p.note}" if p.note else "") for i, p in enumerate(pubs)]
     direction = "higher is better" if metric.direction == "max" else "lower is better"
     notes.insert(0, f"{metric.label or metric.name}: mean ± std over seeds (n runs); {direction}; {MISSING} = no run yet")
+    protocols = protocol_note(cells)
+    if protocols:
+        notes.insert(1, protocols)
     return header, body, notes
 
 
@@ -268,12 +304,13 @@ def render_latex(header: Sequence[str], body: Sequence[Sequence[str]], notes: Se
 
 def render_csv(spec: TableSpec, metric: MetricSpec, cells: dict[tuple[Any, Any], Cell],
                expected: Iterable[tuple[Any, Any]] = ()) -> str:
-    """Long-format CSV (one line per cell): row, column, metric, mean, std, n, then each published value."""
+    """Long-format CSV (one line per cell): row, column, metric, mean, std, n, each published value, the protocol."""
     rows, cols = axes(spec, cells, expected)
     pubs = [p for p in spec.published if p.metric == metric.name]
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow([spec.rows, spec.columns, "metric", "mean", "std", "n"] + [f"published[{i + 1}]" for i in range(len(pubs))])
+    w.writerow([spec.rows, spec.columns, "metric", "mean", "std", "n"] + [f"published[{i + 1}]" for i in range(len(pubs))]
+               + ["protocol"])
     for r in rows:
         for c in cols:
             cell = cells.get((r, c))
@@ -282,5 +319,6 @@ def render_csv(spec: TableSpec, metric: MetricSpec, cells: dict[tuple[Any, Any],
                 [r, fmt_col(c), metric.name]
                 + (["", "", 0] if cell is None else [f"{cell.mean:.6g}", "" if math.isnan(cell.std) else f"{cell.std:.6g}", cell.n])
                 + ["" if v is None else f"{v * p.scale:.6g}" for v, p in zip(pv, pubs)]
+                + ["" if cell is None else cell.protocol]
             )
     return buf.getvalue()
