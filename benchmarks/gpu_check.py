@@ -711,7 +711,11 @@ def paper_dp_gan_dib_check(env: Env) -> dict[str, Any]:
     b = env.sizes["dib_batch"] or int(m.batch_size)
     G, D = image_networks("dib", z_dim=int(m.z_dim), num_classes=10, channels=1, resolution=28,
                           ngf=env.sizes["dib_ngf"] or m.ngf, ndf=env.sizes["dib_ndf"] or m.ndf)
-    n_private, d_steps = int(cfg.dataset.n_private), int(m.d_steps)
+    # the profile trains on F-MNIST's 60k training images (n_private null) less the rows its protocol holds out
+    n_private = 60000 if cfg.dataset.n_private is None else int(cfg.dataset.n_private)
+    if cfg.metrics.get("protocol") == "dpimagebench":
+        n_private -= int(cfg.metrics.dpimagebench.validation_rows)
+    d_steps = int(m.d_steps)
     steps = int(cfg.trainer.max_epochs) * (n_private // int(m.batch_size))
     out: dict[str, Any] = {"batch": b, "g_params": sum(p.numel() for p in G.parameters()),
                            "d_params": sum(p.numel() for p in D.parameters()), "d_steps_dpsyn": steps,

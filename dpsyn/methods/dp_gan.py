@@ -132,7 +132,8 @@ class DPGAN(Method):
 
     # tables: a Laplace release, DP-SGD the rest
     accounting_keys = (*DPSGD_ACCOUNTING_KEYS, "class_ratio_epsilon")
-    tunable_keys = (*DPSGD_GAN_TUNABLE_KEYS, "arch", "ngf", "ndf", "d_steps", "loss", "ema", "table_g_hidden",
+    # (arch is not tunable: dib is a GPU-sized network, and tables refuse it)
+    tunable_keys = (*DPSGD_GAN_TUNABLE_KEYS, "ngf", "ndf", "d_steps", "loss", "ema", "table_g_hidden",
                    "table_d_hidden")
     tiny = ("method=dp_gan", "dataset=breast_cancer", *TABLE_METRICS)
 
