@@ -134,8 +134,8 @@ def backfill(experiments_dir: Path, conf_dir: Path | None = None) -> dict[Path, 
     """Give every row of ``experiments_dir/*/results.csv`` without a protocol the protocol its run was scored by.
 
     Each run's config is composed as its cell (``experiment=<experiment>[_<profile>]``, its method, dataset, eps,
-    seed and kept overrides; a single run of the ``single`` profile as the plain ``python train.py`` it was), then every :data:`LEGACY_DPSYN` setting that sits at today's default is set to the
-    legacy value: such rows were written before protocol ids, when those were the defaults (a setting its experiment
+    seed and kept overrides; a single run of the ``single`` profile as the plain ``python train.py`` it was), then
+    every :data:`LEGACY_DPSYN` setting that sits at today's default is set to the legacy value: such rows were written before protocol ids, when those were the defaults (a setting its experiment
     or overrides chose stays). Rows that have a protocol are left alone, so running it again changes nothing.
 
     Returns:
