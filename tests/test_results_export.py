@@ -3,6 +3,7 @@ the README's generated blocks, the reproduce dry run."""
 
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 
@@ -259,3 +260,21 @@ def test_a_single_run_is_exported_from_its_directory_as_itself_or_as_its_cell(ma
     cli_tables.main(["export", str(run_dir), "--as", "long2021_tabular:embedded", "--to", str(to)])
     cells = tables.records_for(export.load_records(to), "long2021_tabular", "embedded")
     assert [(c["run"], c["seed"], c["protocol"]) for c in cells] == [("", 0, result["protocol"])]
+
+
+def test_every_csv_under_experiments_is_a_results_file_with_the_store_columns() -> None:
+    """One results store: a CSV under experiments/ is read as results, so every one has the store's columns (a file
+    written before a column was added lacks only that one, read empty: ``_ADDED_COLUMNS``). Other kept data, such as
+    training snapshots (``*.snapshots.tsv``) and classifier studies (``*.study.tsv``), take another extension."""
+    paths = sorted(EXPERIMENTS.rglob("*.csv"))
+    assert paths
+    for path in paths:
+        with open(path, newline="") as f:
+            header = tuple(next(csv.reader(f), ()))
+        name = path.relative_to(REPO_DIR)
+        assert header == tuple(c for c in export.COLUMNS if c in header), (
+            f"{name}: not the results store's columns {export.COLUMNS} (a file of another kind takes another "
+            f"extension, e.g. .study.tsv): {header}")
+        assert set(export.COLUMNS) - set(header) <= set(export._ADDED_COLUMNS), f"{name}: lacks columns"
+        assert export.read_rows(path), f"{name}: no rows"
+    assert not list((EXPERIMENTS / "long2021" / "measured").glob("*.csv"))  # no second format beside the store
