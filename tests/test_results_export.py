@@ -3,6 +3,7 @@ the README's generated blocks, the reproduce dry run."""
 
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 
@@ -206,3 +207,74 @@ def test_single_runs_are_kept_as_cells_only_when_their_config_is_the_cell(tmp_pa
     assert export.overrides_hash(rec["overrides"]) != "base"
     with pytest.raises(ValueError, match="already a cell"):
         export.label_as_cells([{**same, "experiment": "x"}], "long2021_table1", "embedded")
+
+
+def test_a_single_run_is_exported_from_its_directory_as_itself_or_as_its_cell(make_cfg, tmp_path: Path, monkeypatch,
+                                                                              capsys) -> None:
+    """`tables export RUN_DIR ... --as EXPERIMENT:PROFILE`: the runs of a plain `python train.py ...` command kept in
+    the store (what experiments/long2021/measured/collect.py did in a second format). As ``single``, each run is kept
+    as itself, named by its directory (two runs of one command stay two); as a profile, the run is checked against
+    the cell and kept as it, without a name (a re-run replaces it)."""
+    import shutil
+
+    import dpsyn.task
+    from tests.tiny import TINY
+
+    overrides = ["trainer=debug", *TINY["g_pate"], "eps=1", "seed=0"]
+    monkeypatch.setattr(dpsyn.task, "task_overrides", lambda: list(overrides))  # what train.py's Hydra records
+    run_dir = tmp_path / "runs" / "gp_tiny_s0"
+    dpsyn.task.run(make_cfg(*overrides), run_dir)
+    result = tables.scan_results(run_dir)[0]
+    to = tmp_path / "experiments"
+    (to / "long2021").mkdir(parents=True)
+    for spec in (EXPERIMENTS / "long2021").glob("*.yaml"):
+        shutil.copy(spec, to / "long2021")
+    store = to / "long2021" / export.RESULTS_FILE
+
+    with pytest.raises(SystemExit, match="--as EXPERIMENT:PROFILE"):
+        cli_tables.main(["export", str(run_dir), "--to", str(to)])
+    with pytest.raises(SystemExit, match="names experiment 'nope'"):
+        cli_tables.main(["export", str(run_dir), "--as", "nope:single", "--to", str(to)])
+    unfinished = tmp_path / "runs" / "unfinished"
+    unfinished.mkdir()
+    cli_tables.main(["export", str(run_dir), str(unfinished), "--as", "long2021_tabular:single", "--to", str(to)])
+    assert "skipped (no result.json: unfinished)" in capsys.readouterr().err
+    rows = export.read_rows(store)
+    metrics = {k for k, v in result["metrics"].items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert metrics and {r["metric"] for r in rows} == metrics
+    (key,) = {tuple(r[k] for k in ("experiment", "profile", "method", "dataset", "eps", "seed", "run")) for r in rows}
+    assert key == ("long2021_tabular", "single", "g_pate", "breast_cancer", "1.0", "0", "gp_tiny_s0")
+    assert {r["overrides"] for r in rows} == {" ".join(export.kept_overrides(overrides))}
+    assert {r["protocol"] for r in rows} == {result["protocol"]} and result["protocol"].startswith("dpsyn:tabular")
+
+    # exported again: its rows replaced; the same command run again (another directory): a second run, not a seed
+    again = tmp_path / "runs" / "gp_tiny_s0_again"
+    shutil.copytree(run_dir, again)
+    cli_tables.main(["export", str(run_dir), str(again), "--as", "long2021_tabular:single", "--to", str(to)])
+    assert len(export.read_rows(store)) == 2 * len(rows)
+    recs = export.load_records(to)
+    assert sorted(r["run"] for r in recs) == ["gp_tiny_s0", "gp_tiny_s0_again"]
+    assert not tables.records_for(recs, "long2021_tabular", "embedded")  # no table or claim reads single runs
+
+    # as the cell it reproduces: checked against the cell's config, kept without a name beside the single runs
+    cli_tables.main(["export", str(run_dir), "--as", "long2021_tabular:embedded", "--to", str(to)])
+    cells = tables.records_for(export.load_records(to), "long2021_tabular", "embedded")
+    assert [(c["run"], c["seed"], c["protocol"]) for c in cells] == [("", 0, result["protocol"])]
+
+
+def test_every_csv_under_experiments_is_a_results_file_with_the_store_columns() -> None:
+    """One results store: a CSV under experiments/ is read as results, so every one has the store's columns (a file
+    written before a column was added lacks only that one, read empty: ``_ADDED_COLUMNS``). Other kept data, such as
+    training snapshots (``*.snapshots.tsv``) and classifier studies (``*.study.tsv``), take another extension."""
+    paths = sorted(EXPERIMENTS.rglob("*.csv"))
+    assert paths
+    for path in paths:
+        with open(path, newline="") as f:
+            header = tuple(next(csv.reader(f), ()))
+        name = path.relative_to(REPO_DIR)
+        assert header == tuple(c for c in export.COLUMNS if c in header), (
+            f"{name}: not the results store's columns {export.COLUMNS} (a file of another kind takes another "
+            f"extension, e.g. .study.tsv): {header}")
+        assert set(export.COLUMNS) - set(header) <= set(export._ADDED_COLUMNS), f"{name}: lacks columns"
+        assert export.read_rows(path), f"{name}: no rows"
+    assert not list((EXPERIMENTS / "long2021" / "measured").glob("*.csv"))  # no second format beside the store

@@ -47,8 +47,8 @@ def test_each_copy_is_scored_with_the_ema_generator(make_cfg, tmp_path) -> None:
     assert [r["step"] for r in rows] == [100, 200]
     fds = {r["step"]: r["fd_digits"] for r in rows}
     assert fds[100] > fds[200] > 0  # constant images are further from digits than the untouched generator's
-    with open(run / "snapshots.csv") as f:
-        assert [int(r["step"]) for r in csv.DictReader(f)] == [100, 200]
+    with open(run / "snapshots.tsv") as f:
+        assert [int(r["step"]) for r in csv.DictReader(f, delimiter="\t")] == [100, 200]
     assert (run / "snapshots.png").stat().st_size > 0
 
 

@@ -5,7 +5,9 @@ experiment's ``hydra.sweeper.params``), run the missing ones as one Hydra multir
 cell whose ``result.json`` exists is not trained again; a failing cell is reported and the others go on), then build.
 ``build``: only rebuild tables and plots from the runs on disk, or with ``--from experiments/`` from the results kept
 in the repo (``experiments/<paper>/results.csv``), without any run.
-``export``: write the finished runs' metrics into ``experiments/<paper>/results.csv`` (a re-run cell replaces its rows).
+``export``: write the finished runs' metrics into ``experiments/<paper>/results.csv`` (a re-run cell replaces its rows);
+``export RUN_DIR ... --as EXPERIMENT:PROFILE`` the single runs of ``python train.py ...`` commands (outside a sweep),
+as the cells they reproduce or, with the profile ``single``, as themselves, named by their directory.
 ``protocols``: give the kept rows written before protocol ids the evaluation protocol of their run
 (:func:`dpsyn.results.protocol.backfill`; rows that have one are left alone).
 ``claims``: evaluate ``experiments/<paper>/claims.yaml`` over seeds (from the runs or ``--from experiments/``), print
@@ -29,6 +31,7 @@ from typing import Any
 
 from dpsyn.paths import CONF_DIR, REPO_DIR, require_checkout
 from dpsyn.results.docs import README_BLOCK, metric_table, readme_blocks  # noqa: F401  (the readme command's; tests use them)
+from dpsyn.results.export import SINGLE_PROFILE
 from dpsyn.results.tables import records_for
 
 EXPERIMENTS_DIR = REPO_DIR / "experiments"
@@ -352,12 +355,17 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--from", dest="source", type=Path, default=None,
                            help="build from the results kept in the repo (experiments/) instead of the runs")
     p = sub.add_parser("export", help="write finished runs' metrics into experiments/<paper>/results.csv")
+    p.add_argument("run_dirs", type=Path, nargs="*", metavar="RUN_DIR",
+                   help="single runs' directories (python train.py ... outside a sweep; each with its result.json and "
+                   "config.yaml) to export, with --as; without any, every run under --runs")
     p.add_argument("--runs", type=Path, default=None, help="folder of the runs (default: $DPSYN_OUTPUT_DIR or "
                    "outputs, /experiments)")
     p.add_argument("--to", type=Path, default=EXPERIMENTS_DIR)
     p.add_argument("--as", dest="as_cells", metavar="EXPERIMENT:PROFILE", default=None,
                    help="keep single runs (train.py without experiment=) as the cells of EXPERIMENT's PROFILE they "
-                   "reproduce; each run's config.yaml is checked against the cell's, and any difference refuses it")
+                   "reproduce; each run's config.yaml is checked against the cell's, and any difference refuses it. "
+                   f"PROFILE {SINGLE_PROFILE!r}: keep them as themselves (variants, tuning runs, an older commit's "
+                   "defaults), named by their directory in the run column; no table or claim reads them")
     p = sub.add_parser("protocols", help="fill the protocol column of experiments/*/results.csv where it is empty, "
                        "composing each run's config (rows written before protocol ids)")
     p.add_argument("--to", type=Path, default=EXPERIMENTS_DIR)
@@ -387,15 +395,35 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1 if not_done else 0)
     if args.cmd == "export":
         from dpsyn.results import export, tables
+        from dpsyn.results.io import read_json
 
-        root = args.runs or runs_root()
-        results = tables.scan_results(root) if root.is_dir() else []
-        if not results:
-            raise SystemExit(f"no finished runs (result.json) under {root}")
+        if args.run_dirs:
+            if not args.as_cells:
+                raise SystemExit("RUN_DIR ...: say which experiment the runs belong to, --as EXPERIMENT:PROFILE "
+                                 f"(PROFILE {SINGLE_PROFILE!r} to keep them as single runs)")
+            results = []
+            for d in args.run_dirs:
+                if (d / "result.json").is_file():
+                    results.append({**read_json(d / "result.json"), "run_dir": str(d)})
+                else:
+                    print(f"skipped (no result.json: unfinished): {d}", file=sys.stderr)
+            if not results:
+                raise SystemExit("no finished run among the RUN_DIRs")
+        else:
+            root = args.runs or runs_root()
+            results = tables.scan_results(root) if root.is_dir() else []
+            if not results:
+                raise SystemExit(f"no finished runs (result.json) under {root}")
         if args.as_cells:
             experiment, _, profile = args.as_cells.partition(":")
+            if experiment not in export.experiment_papers(sorted(args.to.glob("*/*.yaml"))):
+                raise SystemExit(f"--as {args.as_cells}: no table spec or claim under {args.to} names experiment "
+                                 f"{experiment!r}, so its runs would be kept nowhere")
             try:
-                results = export.label_as_cells(results, experiment, profile or "embedded")
+                if profile == SINGLE_PROFILE:
+                    results = export.label_as_single(results, experiment)
+                else:
+                    results = export.label_as_cells(results, experiment, profile or "embedded")
             except ValueError as e:
                 raise SystemExit(f"--as {args.as_cells}: {e}") from None
         for path, n in export.export(results, args.to).items():

@@ -10,8 +10,17 @@ finished and its wall time. No samples. ``fields`` keeps, as JSON, the result fi
 alone (:func:`load_records` gives back result-like records that :mod:`dpsyn.results.tables` reads as it reads
 ``result.json``).
 
-Exporting again replaces a run's rows (same experiment, profile, method, dataset, eps, seed and overrides hash) and
-keeps every other row: new runs append, a re-run cell replaces its row.
+Exporting again replaces a run's rows (same experiment, profile, method, dataset, eps, seed, overrides hash and run
+name) and keeps every other row: new runs append, a re-run cell replaces its row.
+
+Single runs (``python train.py ...`` outside a sweep) are kept two ways (``python -m dpsyn.cli.tables export RUN_DIR
+... --as EXPERIMENT:PROFILE``): as the cells of an experiment's profile they reproduce (:func:`label_as_cells`: the
+run's config is checked against the cell's; ``run`` stays empty, so a re-run of the cell replaces it), or, with the
+profile :data:`SINGLE_PROFILE`, as themselves (:func:`label_as_single`: variants, tuning runs on the validation
+split, runs at the defaults of an older commit). Those carry their run directory's name in the ``run`` column, which
+keys them: two single runs with the same overrides (the same command at two commits, a local edit of the code that
+no override says) stay two runs. No table, claim or generated doc block reads the single profile: tables and docs
+read ``embedded``, ``quick``, ``paper`` and ``dib``, claims ``embedded`` and ``quick`` unless they list others.
 No torch import here.
 """
 
@@ -31,10 +40,14 @@ from dpsyn.results.io import atomic_write_text
 
 RESULTS_FILE = "results.csv"
 COLUMNS = ("experiment", "profile", "method", "dataset", "eps", "seed", "overrides_hash", "overrides", "protocol",
-           "metric", "value", "epsilon_spent", "accountant", "git_sha", "date", "run_s", "fields")
-# a file written before protocol ids lacks only this column: read with it empty (dpsyn.results.protocol.backfill)
-_ADDED_COLUMNS = ("protocol",)
-RUN_KEY = ("experiment", "profile", "method", "dataset", "eps", "seed", "overrides_hash")
+           "metric", "value", "epsilon_spent", "accountant", "git_sha", "date", "run_s", "fields", "run")
+# columns added after files were written: read with them empty (protocol: before protocol ids, filled by
+# dpsyn.results.protocol.backfill; run: before single runs were kept, every row a cell)
+_ADDED_COLUMNS = ("protocol", "run")
+RUN_KEY = ("experiment", "profile", "method", "dataset", "eps", "seed", "overrides_hash", "run")
+# the profile of single runs kept as themselves (label_as_single), not as an experiment's cells: no table, claim or
+# generated doc block reads it
+SINGLE_PROFILE = "single"
 # Overrides that are coordinates (own columns) or that do not change what a run computes (where it writes, how it
 # logs, whether a finished cell is skipped): left out of the hash.
 # (``method.lr=...`` is a variant: only the group choice ``method=...`` is a coordinate.)
@@ -135,6 +148,7 @@ def rows_of(rec: dict[str, Any], fields: Iterable[str] = ()) -> list[dict[str, s
         "date": date,
         "run_s": "" if run_s is None else _num(round(float(run_s), 1)),
         "fields": json.dumps(extra, sort_keys=True) if extra else "",
+        "run": str(rec.get("run") or ""),
     }
     out = []
     for metric, value in sorted((rec.get("metrics") or {}).items()):
@@ -228,7 +242,7 @@ def load_records(experiments_dir: Path) -> list[dict[str, Any]]:
                     "accountant": row["accountant"], "git_sha": row["git_sha"], "date": row["date"],
                     "timings": {"total_s": _value(row["run_s"])} if row["run_s"] else {},
                     "fields": json.loads(row["fields"]) if row["fields"] else {},
-                    "metrics": {}, "source": str(path),
+                    "run": row["run"], "metrics": {}, "source": str(path),
                 }
             rec["metrics"][row["metric"]] = _value(row["value"])
     return list(records.values())
@@ -300,4 +314,21 @@ def label_as_cells(results: Iterable[dict[str, Any]], experiment: str, profile: 
                             "overrides": [*coords, *own]})
     finally:
         GlobalHydra.instance().clear()
+    return out
+
+
+def label_as_single(results: Iterable[dict[str, Any]], experiment: str) -> list[dict[str, Any]]:
+    """Single runs kept as themselves under ``experiment`` (profile :data:`SINGLE_PROFILE`), each named by its run
+    directory (the ``run`` column), with its kept overrides as it ran them: no check against a cell, since these are
+    the runs that are not one (variants, tuning runs, runs at an older commit's defaults; ``git_sha`` says which).
+
+    Raises:
+        ValueError: a run that already belongs to an experiment (a sweep's cell is exported as such).
+    """
+    out = []
+    for rec in results:
+        run_dir = Path(str(rec.get("run_dir", "")))
+        if rec.get("experiment"):
+            raise ValueError(f"{run_dir}: already a cell of {rec['experiment']} ({rec.get('profile')})")
+        out.append({**rec, "experiment": experiment, "profile": SINGLE_PROFILE, "run": run_dir.name})
     return out

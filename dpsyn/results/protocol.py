@@ -134,8 +134,8 @@ def backfill(experiments_dir: Path, conf_dir: Path | None = None) -> dict[Path, 
     """Give every row of ``experiments_dir/*/results.csv`` without a protocol the protocol its run was scored by.
 
     Each run's config is composed as its cell (``experiment=<experiment>[_<profile>]``, its method, dataset, eps,
-    seed and kept overrides), then every :data:`LEGACY_DPSYN` setting that sits at today's default is set to the
-    legacy value: such rows were written before protocol ids, when those were the defaults (a setting its experiment
+    seed and kept overrides; a single run of the ``single`` profile as the plain ``python train.py`` it was), then
+    every :data:`LEGACY_DPSYN` setting that sits at today's default is set to the legacy value: such rows were written before protocol ids, when those were the defaults (a setting its experiment
     or overrides chose stays). Rows that have a protocol are left alone, so running it again changes nothing.
 
     Returns:
@@ -146,7 +146,7 @@ def backfill(experiments_dir: Path, conf_dir: Path | None = None) -> dict[Path, 
 
     from dpsyn.config import load_group
     from dpsyn.paths import CONF_DIR
-    from dpsyn.results.export import RESULTS_FILE, read_rows, write_rows
+    from dpsyn.results.export import RESULTS_FILE, SINGLE_PROFILE, read_rows, write_rows
 
     defaults = load_group("metrics", "default", conf_dir)
     done: dict[Path, dict[str, int]] = {}
@@ -160,8 +160,12 @@ def backfill(experiments_dir: Path, conf_dir: Path | None = None) -> dict[Path, 
                 for row in rows:
                     if row.get("protocol"):
                         continue
-                    exp = row["experiment"] if row["profile"] == "embedded" else f"{row['experiment']}_{row['profile']}"
-                    overrides = [f"experiment={exp}", *(f"{k}={row[k]}" for k in ("method", "dataset", "eps", "seed")),
+                    if row["profile"] == SINGLE_PROFILE:  # a plain `python train.py ...`: no experiment config
+                        exp = []
+                    else:
+                        exp = [f"experiment={row['experiment']}" if row["profile"] == "embedded"
+                               else f"experiment={row['experiment']}_{row['profile']}"]
+                    overrides = [*exp, *(f"{k}={row[k]}" for k in ("method", "dataset", "eps", "seed")),
                                  *row["overrides"].split()]
                     key = tuple(overrides)
                     if key not in ids:

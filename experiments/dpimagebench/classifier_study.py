@@ -1,5 +1,9 @@
 """Classifier study for the dpsyn protocol: train on n seeded real fmnist rows (90%; epoch selected on the other
-10%), score on 5000 validation rows drawn from the other private rows (never the test split)."""
+10%), score on 5000 validation rows drawn from the other private rows (never the test split).
+
+    python experiments/dpimagebench/classifier_study.py experiments/dpimagebench/classifier_study.study.tsv name:epochs:n:seed ...
+
+Rows are appended to the tab-separated study file (a study of the protocol, not results: not a .csv under experiments/)."""
 import sys, time, csv, os, numpy as np, torch
 from torch import nn
 from torch.nn import functional as F
@@ -63,6 +67,6 @@ for name, ep, n, seed in runs:
     print(row, flush=True)
     new = not os.path.exists(out)
     with open(out, "a") as f:
-        w = csv.DictWriter(f, fieldnames=list(row)); 
+        w = csv.DictWriter(f, fieldnames=list(row), delimiter="\t", lineterminator="\n")
         if new: w.writeheader()
         w.writerow(row)

@@ -13,7 +13,7 @@ Usage: start the watcher beside a run (it copies ``RUN/checkpoints/<method>.pt``
 file changes, until ``RUN/result.json`` appears), then score the copies::
 
     python experiments/long2021/measured/snapshot_eval.py RUN --watch gs_wgan.pt &
-    python experiments/long2021/measured/snapshot_eval.py RUN [--every 500 | --every 100 --points 6] [--out CSV]
+    python experiments/long2021/measured/snapshot_eval.py RUN [--every 500 | --every 100 --points 6] [--out TSV]
 
 Supported: ``gs_wgan`` (its EMA generator), ``g_pate`` (its EMA with ``method.ema`` > 0, else G) and ``pate_gan``
 (the generator), on image datasets.
@@ -63,7 +63,8 @@ def pick(copies: dict[int, Path], *, every: int, points: int) -> dict[int, Path]
 
 
 def score(run: Path, *, every: int = 500, points: int = 0, n: int = 10000, out: Path | None = None) -> list[dict]:
-    """Score the chosen copies of ``run/snap``; writes ``out`` (default ``run/snapshots.csv``) and a PNG beside it."""
+    """Score the chosen copies of ``run/snap``; writes ``out`` (default ``run/snapshots.tsv``, tab-separated: a training curve, not a results file, so not a
+    .csv under experiments/) and a PNG beside it."""
     from dpsyn.cli.evaluate import rescore
     from dpsyn.data import load_dataset
 
@@ -92,9 +93,10 @@ def score(run: Path, *, every: int = 500, points: int = 0, n: int = 10000, out: 
         print(row, flush=True)
         rows.append(row)
         tiles.append((step, _tile(x, labels, k)))
-    out = out or run / "snapshots.csv"
+    out = out or run / "snapshots.tsv"
     with open(out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=sorted({key for r in rows for key in r}, key=lambda c: (c != "step", c)))
+        w = csv.DictWriter(f, fieldnames=sorted({key for r in rows for key in r}, key=lambda c: (c != "step", c)),
+                           delimiter="\t", lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
     print(f"wrote {out}")
