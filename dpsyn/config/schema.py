@@ -150,6 +150,10 @@ class DPGANSchema(MethodSchema):
              "and spectral norm, ResNet D with GroupNorm; about 6.65M and 1.18M parameters); tables keep their MLPs")
     ngf: Optional[int] = f(None, **POSITIVE, help="generator width (null: the arch's, dcgan 32, dib 384)")
     ndf: Optional[int] = f(None, **POSITIVE, help="discriminator width (null: the arch's, dcgan 32, dib 160)")
+    d_cond: str = f(
+        "concat", choices=("concat", "projection", "both"),
+        help="arch=dcgan: how D reads the label: concat (one-hot label maps as input channels) | projection "
+             "(Miyato & Koyama 2018: logit = linear(h) + <embed(y), h>) | both; the fused engine computes each")
     grad_sample_mode: str = f(
         "fused", choices=("fused", "hooks", "functorch"),
         help="per-sample gradients: fused (dpsyn.lit.fused_grad_sample: the paired step of the DCGAN discriminator in"

@@ -53,12 +53,20 @@ def _conv_supported(layer: nn.Conv2d) -> bool:
 def supports(discriminator: nn.Module) -> bool:
     """Whether :func:`grad_samples` can compute ``discriminator``'s per-sample gradients: a
     :class:`CondDCGANDiscriminator` with one logit (possibly wrapped) whose layers are groups-1 zero-padded ``Conv2d``, 2-d
-    ``Linear`` and parameter-free activations, the first layer a ``Conv2d``."""
+    ``Linear`` and parameter-free activations, the first layer a ``Conv2d``, the last a ``Linear`` when it has a
+    projection head (``cond="projection"`` or ``"both"``: a plain ``nn.Embedding``)."""
     D = unwrap(discriminator)
     if type(D) is not CondDCGANDiscriminator or D.out != 1:  # one logit per row: a GAN discriminator
         return False
+    embed = getattr(D, "embed", None)
+    if embed is not None and (type(embed) is not nn.Embedding or not embed.weight.requires_grad
+                              or embed.max_norm is not None or embed.padding_idx is not None
+                              or any(True for _ in embed.buffers())):
+        return False  # the projection head: a plain embedding table, gathered row by row
     layers = list(D.net)
     if not layers or not isinstance(layers[0], nn.Conv2d):
+        return False
+    if embed is not None and not isinstance(layers[-1], nn.Linear):
         return False
     for m in layers:
         if isinstance(m, nn.Conv2d):
@@ -212,16 +220,24 @@ def grad_samples(discriminator: nn.Module, x: torch.Tensor, y: torch.Tensor, tar
         raise ValueError(f"paired per-sample gradients need real and fake rows in equal numbers, got {n} rows")
     b = n // 2 if paired else n
     layers = list(D.net)
+    label_maps = getattr(D, "label_maps", True)
+    embed = getattr(D, "embed", None)
+    features: torch.Tensor | None = None  # the last layer's input, in the graph (the projection head's h)
     inputs: list[torch.Tensor] = []  # the input of each parametrised layer (no graph)
     outputs: list[torch.Tensor] = []  # its output (in the graph, for the output gradients)
     with torch.enable_grad():
         a: torch.Tensor = x.detach()
-        for m in layers:
+        for i, m in enumerate(layers):
             if isinstance(m, (nn.Conv2d, nn.Linear)):
                 inputs.append(a.detach())
                 w = m.weight.detach()
                 bias = None if m.bias is None else m.bias.detach()
-                if not outputs:
+                if i == len(layers) - 1:
+                    features = a
+                if not outputs and not label_maps:
+                    # the image alone (cond="projection"); the graph starts at its output
+                    z = F.conv2d(a, w, bias, m.stride, m.padding, m.dilation).requires_grad_(True)
+                elif not outputs:
                     # the first convolution without its one-hot input maps: the image channels' convolution plus
                     # each class's response to a constant-1 map (the same sum, 1/(C+K) of the work); the graph
                     # starts at its output, since the input needs no gradient
@@ -237,6 +253,9 @@ def grad_samples(discriminator: nn.Module, x: torch.Tensor, y: torch.Tensor, tar
             else:
                 a = m(a)
         logits = a.squeeze(1)
+        if embed is not None:  # the projection head: + <embed(y_i), h_i>
+            assert features is not None
+            logits = logits + (embed.weight.detach()[y] * features).sum(dim=1)
         total = discriminator_loss(logits, targets.to(logits.dtype), loss)
         out_grads = torch.autograd.grad(total, outputs)
 
@@ -247,7 +266,7 @@ def grad_samples(discriminator: nn.Module, x: torch.Tensor, y: torch.Tensor, tar
             continue
         a_in, g = inputs[k], out_grads[k]
         if isinstance(m, nn.Conv2d):
-            if k == 0:
+            if k == 0 and label_maps:
                 ws = _first_conv_weight_samples(x.detach(), y, g, m, D.num_classes, b, paired)
             else:
                 ws = _conv_weight_samples(a_in, g, m, b, paired, f"layer{k}")
@@ -262,6 +281,17 @@ def grad_samples(discriminator: nn.Module, x: torch.Tensor, y: torch.Tensor, tar
         if m.bias is not None and m.bias.requires_grad:
             result[m.bias] = _pair_sum(bs, b, paired)
         k += 1
+    if embed is not None:
+        # d logit_i / d embed[y_i] = h_i, times d loss / d logit_i (the last layer's output gradient); other rows 0
+        assert features is not None
+        g_logit = out_grads[-1].reshape(n)
+        rows_g = g_logit[:, None] * features.detach()
+        es = torch.zeros(b, *embed.weight.shape, dtype=rows_g.dtype, device=rows_g.device)
+        idx = torch.arange(b, device=rows_g.device)
+        es[idx, y[:b]] += rows_g[:b]
+        if paired:  # a separate statement: y[i] and y[b + i] may be the same class
+            es[idx, y[b:]] += rows_g[b:]
+        result[embed.weight] = es
     return result
 
 

@@ -77,7 +77,8 @@ ARCH_WIDTHS = {"dcgan": (32, 32), "dib": (DIB_NGF, DIB_NDF)}
 
 
 def image_networks(
-    arch: str, *, z_dim: int, num_classes: int, channels: int, resolution: int, ngf: int | None, ndf: int | None
+    arch: str, *, z_dim: int, num_classes: int, channels: int, resolution: int, ngf: int | None, ndf: int | None,
+    d_cond: str = "concat",
 ) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The generator and discriminator of ``arch`` (``method.arch``) for images of shape (channels, res, res).
 
@@ -89,6 +90,8 @@ def image_networks(
         resolution: image side.
         ngf: generator width; None: the arch's (:data:`ARCH_WIDTHS`).
         ndf: discriminator width; None: the arch's.
+        d_cond: arch=dcgan: how D reads the label (:class:`CondDCGANDiscriminator`'s ``cond``); arch=dib has its own
+            projection head and takes only ``concat`` (the default, which means "the arch's").
 
     Returns:
         ``(G, D)``.
@@ -104,8 +107,10 @@ def image_networks(
         G: torch.nn.Module = CondDCGANGenerator(
             z_dim=z_dim, num_classes=num_classes, channels=channels, resolution=resolution, ngf=ngf)
         D: torch.nn.Module = CondDCGANDiscriminator(
-            num_classes=num_classes, channels=channels, resolution=resolution, ndf=ndf)
+            num_classes=num_classes, channels=channels, resolution=resolution, ndf=ndf, cond=d_cond)
         return G, D
+    if d_cond != "concat":
+        raise ValueError(f"method.d_cond={d_cond!r} is for arch=dcgan; arch=dib's discriminator has its own projection")
     chunks = generator_blocks(resolution) + 1
     if z_dim % chunks:
         raise ValueError(f"method.z_dim={z_dim}: arch=dib splits the latent into {chunks} equal chunks at resolution "
@@ -133,7 +138,7 @@ class DPGAN(Method):
     # tables: a Laplace release, DP-SGD the rest
     accounting_keys = (*DPSGD_ACCOUNTING_KEYS, "class_ratio_epsilon")
     # (arch is not tunable: dib is a GPU-sized network, and tables refuse it)
-    tunable_keys = (*DPSGD_GAN_TUNABLE_KEYS, "ngf", "ndf", "d_steps", "loss", "ema", "table_g_hidden",
+    tunable_keys = (*DPSGD_GAN_TUNABLE_KEYS, "ngf", "ndf", "d_cond", "d_steps", "loss", "ema", "table_g_hidden",
                    "table_d_hidden")
     tiny = ("method=dp_gan", "dataset=breast_cancer", *TABLE_METRICS)
 
@@ -198,7 +203,8 @@ class DPGAN(Method):
             D: Any = CondMLPDiscriminator(num_classes=ctx.num_classes, shape=ctx.shape, hidden=d_hidden)
         else:
             G, D = image_networks(arch, z_dim=int(cfg.z_dim), num_classes=ctx.num_classes, channels=ctx.shape[0],
-                                  resolution=ctx.shape[1], ngf=getattr(cfg, "ngf", None), ndf=getattr(cfg, "ndf", None))
+                                  resolution=ctx.shape[1], ngf=getattr(cfg, "ngf", None), ndf=getattr(cfg, "ndf", None),
+                                  d_cond=str(getattr(cfg, "d_cond", "concat")))
         trainer_kwargs = dict(ctx.trainer)
         epochs = trainer_kwargs.pop("max_epochs", None) or int(cfg.epochs)
         if world is not None:
