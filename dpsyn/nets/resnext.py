@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dpsyn.nets.wrn import he_init
+
 
 class _Bottleneck(nn.Module):
     """1x1 reduce - 3x3 grouped - 1x1 expand (BN after each, ReLU after the first two), plus the shortcut, ReLU."""
@@ -80,14 +82,7 @@ class CifarResNeXt(nn.Module):
         self.blocks = nn.Sequential(*blocks)
         self.num_features = c_in
         self.head = nn.Linear(c_in, num_classes)
-        for m in self.modules():  # He initialisation (fan-out), unit BN scales, zero biases
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
+        he_init(self)  # He initialisation (fan-out), unit BN scales, zero biases
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return F.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1).flatten(1)

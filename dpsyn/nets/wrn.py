@@ -17,6 +17,19 @@ from torch import nn
 from torch.nn import functional as F
 
 
+
+def he_init(net: nn.Module) -> None:
+    """He initialisation for convolutions (fan-out, as the WRN and ResNet papers), unit BN scales, zero biases: the
+    WRN and ResNeXt-29 (dpsyn.nets.resnext)."""
+    for m in net.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.zeros_(m.bias)
+
 class _PreActBlock(nn.Module):
     """BN-ReLU-conv3x3-BN-ReLU-dropout-conv3x3, plus the identity or a 1x1 projection of the pre-activated input."""
 
@@ -84,15 +97,7 @@ class WideResNet(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
-        """He initialisation for convolutions (fan-out, as the paper), unit BN scales, zero biases."""
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
+        he_init(self)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         h = self.blocks(self.stem(x))
